@@ -1,0 +1,111 @@
+"""The bundled task suites and how to run one task as an isolated episode against its server."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+from envace_mcp.errors import UserError
+from envace_mcp.servers._common import EPISODE_KEY, STATE_URI, TASK_KEY, CheckResult, Task
+from envace_mcp.toolbox import ToolResult
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A domain: its server module, its task generator and its checker."""
+
+    name: str
+    seed: int = 0
+
+    @cached_property
+    def _tasks_module(self) -> Any:
+        return importlib.import_module(f"envace_mcp.servers.{self.name}_tasks")
+
+    @cached_property
+    def server_module(self) -> Any:
+        return importlib.import_module(f"envace_mcp.servers.{self.name}")
+
+    @property
+    def tasks(self) -> Sequence[Task]:
+        return self._tasks_module.generate_suite(self.seed)
+
+    def split(self, split: Literal["train", "test"]) -> list[Task]:
+        return [t for t in self.tasks if t.split == split]
+
+    def task(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.id == task_id:
+                return task
+        raise UserError(f"no task {task_id!r} in suite {self.name!r}")
+
+    def check(self, task: Task, final_state: dict[str, Any] | None, answer: str) -> CheckResult:
+        return self._tasks_module.check(task, final_state, answer)
+
+    def build_server(self) -> Any:
+        """A fresh in-process server object for this suite (tests, fast rollouts)."""
+        return self.server_module.build_server(seed=self.seed)
+
+    def stdio_config(self, python: str | None = None) -> dict[str, Any]:
+        """An `mcpServers` entry that launches this suite's server over stdio."""
+        return {"command": python or sys.executable,
+                "args": ["-m", f"envace_mcp.servers.{self.name}", "--seed", str(self.seed)]}
+
+
+_SUITES = ("bank", "retail")
+
+
+def suites() -> list[str]:
+    return list(_SUITES)
+
+
+def get_suite(name: str, seed: int = 0) -> Suite:
+    if name not in _SUITES:
+        raise UserError(f"unknown suite {name!r}; bundled suites: {', '.join(_SUITES)}")
+    return Suite(name, seed)
+
+
+@dataclass
+class Episode:
+    """One run of one task: a private state key on the task's server, and what happened."""
+
+    task: Task
+    server: str
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    results: list[ToolResult] = field(default_factory=list)
+
+    @property
+    def meta(self) -> dict[str, str]:
+        """The `_meta` every call of this episode carries."""
+        return {EPISODE_KEY: self.key, TASK_KEY: self.task.id}
+
+    async def final_state(self, toolbox: Any) -> dict[str, Any]:
+        """The episode's state as the server holds it (the task's initial state if untouched)."""
+        text = await toolbox.read_resource(self.server, STATE_URI.format(episode=self.key))
+        state = json.loads(text) if text else None
+        return state if state is not None else self.task.initial_state
+
+
+async def run_reference(toolbox: Any, suite: Suite, task: Task, *, server: str | None = None,
+                        drop_last_write: bool = False, extra: Sequence[Any] = ()) -> tuple[Episode, CheckResult]:
+    """Replay a task's reference actions through the toolbox as one episode, then check it.
+
+    `drop_last_write` and `extra` (more actions) exist to show the checker catches incomplete or
+    harmful runs.
+    """
+    episode = Episode(task, server or suite.name)
+    actions = list(task.actions)
+    if drop_last_write:
+        writes = [i for i, a in enumerate(actions) if a.tool in task.writes]
+        if writes:
+            del actions[writes[-1]]
+    scope = toolbox.scoped(episode.meta)
+    for action in [*actions, *extra]:
+        episode.results.append(await scope.call(action.tool, action.arguments))
+    state = await episode.final_state(toolbox)
+    return episode, suite.check(task, state, task.answer)

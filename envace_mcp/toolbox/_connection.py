@@ -1,0 +1,206 @@
+"""One persistent MCP session per server, owned by a long-lived task, restarted when it dies.
+
+anyio cancel scopes must be entered and left by the same task, and the SDK's stdio transport
+keeps a task group open for the session's lifetime. So each connection lives in an *owner task*
+in the toolbox's task group: it enters `mcp.Client`, publishes the session, and waits for a stop
+signal. Calls from any task use the published session (requests are multiplexed by id).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from contextlib import AsyncExitStack
+from typing import IO, Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from envace_mcp.errors import EnvaceError
+from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec
+from envace_mcp.toolbox.config import HttpServer, InProcessServer, ServerSpec, StdioServer
+
+logger = logging.getLogger(__name__)
+
+_LIST_PAGE_CAP = 100
+"""A paginator that never ends must not hang start-up."""
+
+
+class ServerStartError(EnvaceError):
+    """A configured server could not be started or did not answer its tool listing."""
+
+
+class Connection:
+    """The live session to one server, plus what is needed to bring it back after a death."""
+
+    def __init__(self, name: str, spec: ServerSpec, *, client_name: str, capture_stderr: bool) -> None:
+        self.name = name
+        self.spec = spec
+        self.client_name = client_name
+        self.generation = 0
+        """Bumped on every (re)start; a failure only kills the generation it happened on."""
+        self.restarts = 0
+        self.client: Client | None = None
+        self.tools: list[ToolSpec] = []
+        self.denied: set[str] = set()
+        """Tools the server offers that the config's allow/deny lists exclude."""
+        self.dead_reason: str | None = None
+        self._stop: anyio.Event | None = None
+        self._done: anyio.Event | None = None
+        self._lock = anyio.Lock()
+        self._stderr: IO[str] | None = None
+        if capture_stderr and isinstance(spec, StdioServer):
+            self._stderr = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the connection
+                mode="w+", prefix=f"envace-{name}-", suffix=".stderr.log", delete=False
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.client is not None and self.dead_reason is None
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        """The end of the server's stderr (stdio servers only), for error messages."""
+        if self._stderr is None:
+            return ""
+        try:
+            self._stderr.flush()
+            with open(self._stderr.name, encoding="utf-8", errors="replace") as fh:
+                return fh.read()[-limit:]
+        except OSError:
+            return ""
+
+    async def start(self, task_group: TaskGroup) -> None:
+        """Start the owner task and wait until the session is up and its tools are listed."""
+        self.generation += 1
+        self.dead_reason = None
+        try:
+            await task_group.start(self._own, self.generation)
+        except Exception as exc:
+            tail = self.stderr_tail()
+            detail = f"\n--- server stderr ---\n{tail}" if tail.strip() else ""
+            raise ServerStartError(f"MCP server {self.name!r} failed to start: {_describe(exc)}{detail}") from exc
+
+    async def ensure(self, task_group: TaskGroup) -> Client:
+        """The live client, restarting the server first if an earlier call saw it die."""
+        if self.alive:
+            assert self.client is not None
+            return self.client
+        async with self._lock:
+            if not self.alive:
+                await self.stop()
+                self.restarts += 1
+                logger.info("restarting MCP server %r (%s)", self.name, self.dead_reason)
+                await self.start(task_group)
+        assert self.client is not None
+        return self.client
+
+    def mark_dead(self, generation: int, reason: str) -> None:
+        if generation == self.generation and self.dead_reason is None:
+            self.dead_reason = reason
+
+    async def stop(self) -> None:
+        """Ask the owner task to leave the session and wait for it (bounded by the SDK's shutdown)."""
+        if self._stop is not None and self._done is not None:
+            self._stop.set()
+            with anyio.CancelScope(shield=True):
+                await self._done.wait()
+        self._stop = self._done = None
+
+    def close_log(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
+            try:
+                os.unlink(self._stderr.name)
+            except OSError:
+                pass
+            self._stderr = None
+
+    async def _own(self, generation: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        stop, done = anyio.Event(), anyio.Event()
+        self._stop, self._done = stop, done
+        started = False
+        try:
+            async with AsyncExitStack() as stack:
+                client = await stack.enter_async_context(self._client(stack))
+                tools, denied = await _list_tools(client, self.name, self.spec)
+                self.client, self.tools, self.denied = client, tools, denied
+                started = True
+                task_status.started()
+                await stop.wait()
+        except Exception as exc:
+            if not started:
+                raise
+            self.mark_dead(generation, f"session ended: {_describe(exc)}")
+        finally:
+            if self.generation == generation:
+                self.client = None
+            done.set()
+
+    def _client(self, stack: AsyncExitStack) -> Client:
+        info = _implementation(self.client_name)
+        spec = self.spec
+        if isinstance(spec, InProcessServer):
+            return Client(spec.server, client_info=info)
+        if isinstance(spec, StdioServer):
+            params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
+            errlog: Any = self._stderr if self._stderr is not None else _stderr_stream()
+            return Client(stdio_client(params, errlog=errlog), client_info=info)
+        assert isinstance(spec, HttpServer)
+        if not spec.headers:
+            return Client(spec.url, client_info=info)
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        stack.push_async_callback(http.aclose)
+        return Client(streamable_http_client(spec.url, http_client=http), client_info=info)
+
+
+async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[list[ToolSpec], set[str]]:
+    specs: list[ToolSpec] = []
+    denied: set[str] = set()
+    cursor: str | None = None
+    for _ in range(_LIST_PAGE_CAP):
+        page = await client.list_tools(cursor=cursor)
+        for tool in page.tools:
+            if not spec.allows(tool.name):
+                denied.add(tool.name)
+                continue
+            specs.append(
+                ToolSpec.create(
+                    remote_name=tool.name,
+                    server=server,
+                    description=tool.description,
+                    input_schema=tool.input_schema,
+                    output_schema=tool.output_schema,
+                    annotations=ToolAnnotations.from_hints(tool.annotations),
+                )
+            )
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return specs, denied
+
+
+def _implementation(name: str) -> Any:
+    from mcp.types import Implementation
+
+    from envace_mcp import __version__
+
+    return Implementation(name=name, version=__version__)
+
+
+def _stderr_stream() -> Any:
+    import sys
+
+    return sys.stderr
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,75 @@
+"""The tool catalog as LangChain tools, for any existing LangChain or LangGraph agent.
+
+Differences from a plain `StructuredTool` that matter to MCP users:
+- arguments reach the server exactly as the model wrote them, including parameters named
+  `runtime`, `config`, `callbacks` or `run_manager`, which LangChain's own machinery would
+  otherwise consume (we bypass its signature-based injection);
+- both `invoke` and `ainvoke` work (sync calls are carried to the toolbox's event loop);
+- a failed call becomes a `ToolMessage(status="error")` carrying the full `ToolResult` as its
+  artifact (structured content kept), instead of an exception that stops the graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool
+from pydantic import ConfigDict
+
+from envace_mcp.toolbox.result import ToolResult
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.toolbox import ToolboxScope
+
+_ARGS = "__envace_arguments"
+_CALL_ID = "__envace_tool_call_id"
+
+
+class MCPTool(BaseTool):
+    """One catalog tool as a LangChain tool."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    scope: Any
+    """The `ToolboxScope` calls go through."""
+
+    def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> tuple[tuple, dict]:
+        # Pack the model's arguments into one private kwarg so no name of theirs can collide with
+        # the `config` / `run_manager` injection in BaseTool.run, and keep the call id for the reply.
+        arguments = self._parse_input(tool_input, tool_call_id)
+        return (), {_ARGS: arguments, _CALL_ID: tool_call_id}
+
+    def _run(self, **kwargs: Any) -> Any:
+        result = self.scope.call_sync(self.name, kwargs[_ARGS])
+        return _reply(self.name, result, kwargs[_CALL_ID])
+
+    async def _arun(self, **kwargs: Any) -> Any:
+        result = await self.scope.call(self.name, kwargs[_ARGS])
+        return _reply(self.name, result, kwargs[_CALL_ID])
+
+
+def _reply(name: str, result: ToolResult, tool_call_id: str | None) -> Any:
+    if tool_call_id is None:
+        return result.text
+    return ToolMessage(
+        content=result.text,
+        artifact=result,
+        tool_call_id=tool_call_id,
+        name=name,
+        status="error" if result.is_error else "success",
+    )
+
+
+def to_langchain_tools(scope: ToolboxScope) -> list[MCPTool]:
+    """One `MCPTool` per catalog entry; the JSON input schema is passed through untouched."""
+    return [
+        MCPTool(
+            name=spec.name,
+            description=spec.description or spec.name,
+            args_schema=spec.input_schema,
+            scope=scope,
+            metadata={"server": spec.server, "annotations": spec.annotations.as_dict(), "output_schema": spec.output_schema},
+        )
+        for spec in scope.catalog
+    ]

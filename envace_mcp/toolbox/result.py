@@ -1,0 +1,86 @@
+"""Tool results as data: one type for successes, tool errors and toolbox errors alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died", "tool_error", "denied"]
+"""Why a result is an error.
+
+- `invalid_arguments`: the arguments violate the tool's input schema; the server was not called.
+- `unknown_tool`: no tool of that name in the catalog; no server was called.
+- `timeout`: the call ran past its timeout and was cancelled; the toolbox stays usable.
+- `server_died`: the server's transport closed during the call; the server is restarted on the next call.
+- `tool_error`: the server answered with `isError: true` or a protocol error.
+- `denied`: the tool is excluded by the server's allow/deny lists; the server was not called.
+"""
+
+
+class ToolResult(BaseModel):
+    """What one tool call produced: content, structured content, and whether (and why) it failed.
+
+    Structured content is kept on errors too (MCP allows it; several adapters drop it).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    tool: str
+    """The catalog name the call was made with (prefixed when two servers share a name)."""
+    server: str | None = None
+    """The server that owns the tool; `None` when no server could be identified (unknown tool)."""
+    arguments: dict[str, Any] | Any = Field(default_factory=dict)
+    content: list[dict[str, Any]] = Field(default_factory=list)
+    """MCP content blocks as JSON objects (`{"type": "text", "text": ...}`, images, resources)."""
+    structured_content: dict[str, Any] | None = None
+    is_error: bool = False
+    error_kind: ErrorKind | None = None
+    latency_s: float = 0.0
+
+    @property
+    def text(self) -> str:
+        """The text blocks joined by newlines; non-text blocks are summarised in brackets."""
+        parts: list[str] = []
+        for block in self.content:
+            if block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            else:
+                parts.append(f"[{block.get('type', 'content')}: {block.get('mimeType') or block.get('uri') or ''}]")
+        return "\n".join(parts)
+
+    @property
+    def value(self) -> Any:
+        """Structured content when present, else the text parsed as JSON when it is JSON, else the text."""
+        if self.structured_content is not None:
+            return self.structured_content
+        text = self.text
+        try:
+            return json.loads(text)
+        except (ValueError, TypeError):
+            return text
+
+    @classmethod
+    def error(
+        cls,
+        kind: ErrorKind,
+        message: str,
+        *,
+        tool: str,
+        server: str | None = None,
+        arguments: Any = None,
+        details: dict[str, Any] | None = None,
+        latency_s: float = 0.0,
+    ) -> ToolResult:
+        """A toolbox-made error result: the message as text, kind and details as structured content."""
+        return cls(
+            tool=tool,
+            server=server,
+            arguments=arguments if arguments is not None else {},
+            content=[{"type": "text", "text": message}],
+            structured_content={"error": kind, "message": message, **(details or {})},
+            is_error=True,
+            error_kind=kind,
+            latency_s=latency_s,
+        )

@@ -1,0 +1,386 @@
+"""The toolbox: many MCP servers behind one catalog, with validation, timeouts and restarts.
+
+    async with Toolbox({"mcpServers": {...}}) as toolbox:
+        result = await toolbox.call("get_balance", {"account_id": "CHK-1"})
+
+Every call returns a `ToolResult`; failures are results with an `error_kind`, never exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import AsyncExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED
+from pydantic import ValidationError
+
+from envace_mcp.errors import UserError
+from envace_mcp.toolbox._connection import Connection, ServerStartError, _describe
+from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec, name_tools
+from envace_mcp.toolbox.config import ServerSpec, load_servers
+from envace_mcp.toolbox.result import ToolResult
+
+DEFAULT_TIMEOUT_S = 60.0
+"""Long enough for real tools (a quote service, a database), short enough that a hung tool
+does not stall a GRPO batch for minutes."""
+
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    EOFError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
+
+
+class Toolbox:
+    """Persistent sessions to every configured MCP server, one catalog, results as data.
+
+    Args:
+        servers: a path to an `mcpServers` JSON file, or a mapping in that shape; values may also
+            be in-process server objects (`MCPServer`), which is how tests run servers fast.
+        timeout: default per-call timeout in seconds (a server's own `timeout` wins).
+        capture_stderr: write stdio servers' stderr to a log file (its tail is quoted in
+            `server_died` errors) instead of this process's stderr.
+    """
+
+    def __init__(
+        self,
+        servers: str | Path | Mapping[str, Any],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        capture_stderr: bool = True,
+        client_name: str = "envace-mcp",
+    ) -> None:
+        self.specs: dict[str, ServerSpec] = load_servers(servers)
+        self.timeout = timeout
+        self._connections = {
+            name: Connection(name, spec, client_name=client_name, capture_stderr=capture_stderr)
+            for name, spec in self.specs.items()
+        }
+        self._catalog = ToolCatalog([])
+        self._stack: AsyncExitStack | None = None
+        self._tg: TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Toolbox:
+        if self._stack is not None:
+            raise UserError("this Toolbox is already open")
+        stack = AsyncExitStack()
+        try:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.push_async_callback(self._stop_all)
+            async with anyio.create_task_group() as starting:
+                for conn in self._connections.values():
+                    starting.start_soon(conn.start, self._tg)
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            self._close_logs()
+            self._tg = None
+            if isinstance(exc, BaseExceptionGroup) and all(isinstance(e, ServerStartError) for e in exc.exceptions):
+                raise exc.exceptions[0] from None
+            raise
+        self._stack = stack
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self._rebuild_catalog()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            try:
+                await stack.__aexit__(*exc_info)
+            finally:
+                self._close_logs()
+                self._tg = None
+
+    async def _stop_all(self) -> None:
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for conn in self._connections.values():
+                    tg.start_soon(conn.stop)
+
+    def _close_logs(self) -> None:
+        for conn in self._connections.values():
+            conn.close_log()
+
+    def _rebuild_catalog(self) -> None:
+        self._catalog = ToolCatalog(name_tools({n: c.tools for n, c in self._connections.items()}).values())
+
+    # ------------------------------------------------------------------ catalog
+
+    @property
+    def catalog(self) -> ToolCatalog:
+        """Every allowed tool of every server, named as the model should call them."""
+        self._require_open()
+        return self._catalog
+
+    @property
+    def servers(self) -> list[str]:
+        return list(self._connections)
+
+    def restarts(self, server: str) -> int:
+        """How many times `server` was restarted after dying."""
+        return self._connections[server].restarts
+
+    def server_log(self, server: str) -> str:
+        """The tail of a stdio server's captured stderr."""
+        return self._connections[server].stderr_tail()
+
+    # ------------------------------------------------------------------ calls
+
+    async def call(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> ToolResult:
+        """Call a tool by its catalog name. Never raises for tool, server or argument failures.
+
+        `meta` travels as the request's `_meta` (the bundled servers read their episode key there).
+        Safe to call from any thread or event loop: calls are carried to the toolbox's own loop.
+        """
+        self._require_open()
+        coro = self._call(name, {} if arguments is None else arguments, timeout, meta)
+        if self._on_own_loop():
+            return await coro
+        assert self._loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def call_sync(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> ToolResult:
+        """Blocking `call` for synchronous code running outside the toolbox's event loop thread."""
+        self._require_open()
+        if threading.get_ident() == self._thread:
+            raise UserError(
+                "call_sync() was called on the toolbox's own event-loop thread, where blocking would deadlock; "
+                "use `await toolbox.call(...)` there, or open the toolbox with `blocking_toolbox()`"
+            )
+        assert self._loop is not None
+        coro = self._call(name, {} if arguments is None else arguments, timeout, meta)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _call(self, name: str, arguments: Any, timeout: float | None, meta: Mapping[str, Any] | None) -> ToolResult:
+        started = time.perf_counter()
+        spec = self._catalog.get(name)
+        if spec is None:
+            return self._unknown(name, arguments)
+        problems = spec.validator.errors(arguments)
+        if problems:
+            first = problems[0]
+            where = f"field '{first['field']}'" if first["field"] else "arguments"
+            return ToolResult.error(
+                "invalid_arguments",
+                f"Invalid arguments for tool '{name}': {where}: {first['message']}",
+                tool=name,
+                server=spec.server,
+                arguments=arguments,
+                details={"field": first["field"], "errors": problems},
+            )
+        conn = self._connections[spec.server]
+        assert self._tg is not None
+        before = conn.generation
+        try:
+            client = await conn.ensure(self._tg)
+        except ServerStartError as exc:
+            return self._died(spec, arguments, f"server '{spec.server}' is down and could not be restarted: {exc}", started)
+        if conn.generation != before and self._stale(spec.server):
+            self._rebuild_catalog()
+        generation = conn.generation
+        limit = timeout if timeout is not None else (conn.spec.timeout or self.timeout)
+        try:
+            with anyio.fail_after(limit):
+                raw = await client.call_tool(spec.remote_name, dict(arguments), meta=dict(meta) if meta else None)
+        except TimeoutError:
+            return ToolResult.error(
+                "timeout",
+                f"Tool '{name}' timed out after {limit:g} s",
+                tool=name,
+                server=spec.server,
+                arguments=arguments,
+                details={"timeout_s": limit},
+                latency_s=time.perf_counter() - started,
+            )
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                conn.mark_dead(generation, "connection closed during a call")
+                return self._died(spec, arguments, f"server '{spec.server}' died during the call", started, conn)
+            return ToolResult.error(
+                "tool_error",
+                f"Tool '{name}' failed with a protocol error {exc.code}: {exc}",
+                tool=name,
+                server=spec.server,
+                arguments=arguments,
+                details={"code": exc.code},
+                latency_s=time.perf_counter() - started,
+            )
+        except _TRANSPORT_ERRORS as exc:
+            conn.mark_dead(generation, _describe(exc))
+            return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
+        except (ValidationError, RuntimeError, ValueError) as exc:
+            return ToolResult.error(
+                "tool_error",
+                f"Tool '{name}' returned a malformed result: {_describe(exc)}",
+                tool=name,
+                server=spec.server,
+                arguments=arguments,
+                latency_s=time.perf_counter() - started,
+            )
+        except Exception as exc:
+            if _is_transport_failure(exc):
+                conn.mark_dead(generation, _describe(exc))
+                return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
+            return ToolResult.error(
+                "tool_error",
+                f"Tool '{name}' failed: {_describe(exc)}",
+                tool=name,
+                server=spec.server,
+                arguments=arguments,
+                latency_s=time.perf_counter() - started,
+            )
+        return ToolResult(
+            tool=name,
+            server=spec.server,
+            arguments=arguments,
+            content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in raw.content],
+            structured_content=raw.structured_content,
+            is_error=bool(raw.is_error),
+            error_kind="tool_error" if raw.is_error else None,
+            latency_s=time.perf_counter() - started,
+        )
+
+    def _stale(self, server: str) -> bool:
+        current = {(t.remote_name, t.server) for t in self._catalog if t.server == server}
+        return current != {(t.remote_name, t.server) for t in self._connections[server].tools}
+
+    def _unknown(self, name: str, arguments: Any) -> ToolResult:
+        for server, conn in self._connections.items():
+            if name in conn.denied:
+                return ToolResult.error(
+                    "denied",
+                    f"Tool '{name}' is not allowed by the configuration of server '{server}'",
+                    tool=name,
+                    server=server,
+                    arguments=arguments,
+                )
+        close = difflib.get_close_matches(name, self._catalog.names, n=3)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        return ToolResult.error(
+            "unknown_tool",
+            f"Unknown tool '{name}'{hint}",
+            tool=name,
+            arguments=arguments,
+            details={"available": self._catalog.names},
+        )
+
+    def _died(
+        self, spec: ToolSpec, arguments: Any, message: str, started: float, conn: Connection | None = None
+    ) -> ToolResult:
+        tail = conn.stderr_tail(800).strip() if conn is not None else ""
+        details = {"restart_on_next_call": True}
+        if tail:
+            details["stderr_tail"] = tail
+        return ToolResult.error(
+            "server_died",
+            message + "; it will be restarted on the next call",
+            tool=spec.name,
+            server=spec.server,
+            arguments=arguments,
+            details=details,
+            latency_s=time.perf_counter() - started,
+        )
+
+    # ------------------------------------------------------------------ other views
+
+    async def read_resource(self, server: str, uri: str, *, meta: Mapping[str, Any] | None = None) -> str:
+        """The text of a resource on one server (bypassing the client-side cache)."""
+        self._require_open()
+        if server not in self._connections:
+            raise UserError(f"unknown server {server!r}; configured: {', '.join(self._connections)}")
+        if not self._on_own_loop():
+            assert self._loop is not None
+            fut = asyncio.run_coroutine_threadsafe(self.read_resource(server, uri, meta=meta), self._loop)
+            return await asyncio.wrap_future(fut)
+        assert self._tg is not None
+        client = await self._connections[server].ensure(self._tg)
+        result = await client.read_resource(uri, meta=dict(meta) if meta else None, cache_mode="bypass")
+        return "".join(getattr(c, "text", "") or "" for c in result.contents)
+
+    def scoped(self, meta: Mapping[str, Any]) -> ToolboxScope:
+        """A view whose every call carries `meta` (an episode key, a tenant id)."""
+        return ToolboxScope(self, dict(meta))
+
+    def langchain_tools(self, *, meta: Mapping[str, Any] | None = None) -> list[Any]:
+        """The catalog as LangChain tools (sync and async), for any existing agent."""
+        from envace_mcp.toolbox.langchain import to_langchain_tools
+
+        return to_langchain_tools(self.scoped(meta or {}))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_open(self) -> None:
+        if self._stack is None:
+            raise UserError("the Toolbox is not open: use `async with Toolbox(...) as toolbox:`")
+
+    def _on_own_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+
+class ToolboxScope:
+    """A toolbox view that adds fixed `_meta` to every call (for per-episode server state)."""
+
+    def __init__(self, toolbox: Toolbox, meta: dict[str, Any]) -> None:
+        self.toolbox = toolbox
+        self.meta = meta
+
+    @property
+    def catalog(self) -> ToolCatalog:
+        return self.toolbox.catalog
+
+    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
+        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None)
+
+    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
+        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None)
+
+
+@contextmanager
+def blocking_toolbox(servers: str | Path | Mapping[str, Any], **kwargs: Any) -> Iterator[Toolbox]:
+    """Open a Toolbox on a background event-loop thread, for synchronous programs.
+
+    Use `toolbox.call_sync(...)` (or the LangChain tools' `invoke`) from the calling thread.
+    """
+    from anyio.from_thread import start_blocking_portal
+
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(Toolbox(servers, **kwargs)) as toolbox:
+        yield toolbox
+
+
+def _is_transport_failure(exc: Exception) -> bool:
+    """httpx/httpx2 transport errors (connection refused, reset) without importing either."""
+    return any(cls.__name__ in {"TransportError", "ConnectError", "RemoteProtocolError", "ReadError", "WriteError"}
+               for cls in type(exc).__mro__)
