@@ -372,8 +372,7 @@ def build_server(seed: int = 0, *, tasks: dict[str, Any] | None = None) -> MCPSe
         order_type: Literal["market", "limit"] = "market",
         limit_price: Annotated[float | None, Field(gt=0)] = None,
     ) -> Order:
-        """Place a buy or sell order in a brokerage account. Market orders fill at the last price
-        and are rejected while the market is closed; limit orders fill when the price allows."""
+        """Buy or sell shares in a brokerage account; market orders are rejected while the market is closed."""
         return Order(**run(ctx, "place_order", account_id=account_id, symbol=symbol, side=side,
                            quantity=quantity, order_type=order_type, limit_price=limit_price))
 

@@ -22,6 +22,8 @@ NAMES = {
              "oscar nilsson", "priya shah", "felix braun"],
 }
 ID_RANGE = {"train": (1000, 5000), "test": (5000, 10000)}
+ITEM_RANGE = {"train": (10000, 50000), "test": (50000, 100000)}
+ORDER_RANGE = {"train": (1000000, 5000000), "test": (5000000, 10000000)}
 PRODUCTS = {
     "train": [("T-Shirt", {"color": ["red", "blue", "black"], "size": ["S", "M", "L"]}),
               ("Running Shoes", {"color": ["white", "grey"], "size": ["8", "9", "10"]}),
@@ -54,14 +56,16 @@ def _address(rng: random.Random, split: str) -> dict[str, str]:
 
 def _products(rng: random.Random, split: str) -> dict[str, Any]:
     products = {}
+    product_ids = iter(rng.sample(range(*ID_RANGE[split]), 4))
+    item_ids = iter(rng.sample(range(*ITEM_RANGE[split]), 64))
     for name, options in rng.sample(PRODUCTS[split], 4):
-        pid = f"P-{rng.randrange(*ID_RANGE[split])}"
+        pid = f"P-{next(product_ids)}"
         base = price(rng, split)
         keys = list(options)
         variants = {}
         for a in options[keys[0]]:
             for b in options[keys[1]]:
-                iid = f"I-{rng.randrange(10000, 99999)}"
+                iid = f"I-{next(item_ids)}"
                 variants[iid] = {"item_id": iid, "options": {keys[0]: a, keys[1]: b},
                                  "price": money(base + rng.randrange(0, 4) * 5), "available": rng.random() < 0.75}
         products[pid] = {"id": pid, "name": name, "variants": variants}
@@ -81,8 +85,10 @@ def _user(rng: random.Random, split: str, name: str, number: int) -> dict[str, A
             "order_ids": []}
 
 
-def _make_order(rng, state, user, status, days, products) -> dict[str, Any]:
-    oid = f"#W{rng.randrange(1000000, 9999999)}"
+def _make_order(rng, split, state, user, status, days, products) -> dict[str, Any]:
+    oid = f"#W{rng.randrange(*ORDER_RANGE[split])}"
+    while oid in state["orders"]:
+        oid = f"#W{rng.randrange(*ORDER_RANGE[split])}"
     items = []
     for pid in rng.sample(sorted(products), rng.randrange(1, 3)):
         variant = state["products"][pid]["variants"][rng.choice(sorted(state["products"][pid]["variants"]))]
@@ -105,11 +111,11 @@ def _world(rng: random.Random, split: str) -> dict[str, Any]:
     state["users"] = {me["id"]: me, other["id"]: other}
     state["user_id"] = me["id"]
     products = state["products"]
-    _make_order(rng, state, me, "pending", None, products)
-    _make_order(rng, state, me, "delivered", rng.randrange(2, 25), products)
-    _make_order(rng, state, me, "delivered", rng.randrange(40, 120), products)
-    _make_order(rng, state, me, "processed", None, products)
-    _make_order(rng, state, other, "pending", None, products)
+    _make_order(rng, split, state, me, "pending", None, products)
+    _make_order(rng, split, state, me, "delivered", rng.randrange(2, 25), products)
+    _make_order(rng, split, state, me, "delivered", rng.randrange(40, 120), products)
+    _make_order(rng, split, state, me, "processed", None, products)
+    _make_order(rng, split, state, other, "pending", None, products)
     return state
 
 

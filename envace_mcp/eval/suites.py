@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import socket
+import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -55,6 +59,48 @@ class Suite:
         """An `mcpServers` entry that launches this suite's server over stdio."""
         return {"command": python or sys.executable,
                 "args": ["-m", f"envace_mcp.servers.{self.name}", "--seed", str(self.seed)]}
+
+
+    @contextmanager
+    def serve_http(self, port: int = 0, *, startup_timeout: float = 30.0) -> Iterator[str]:
+        """Run this suite's server over streamable HTTP on loopback in a subprocess; yield its URL."""
+        port = port or free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"envace_mcp.servers.{self.name}", "--transport", "http",
+             "--port", str(port), "--seed", str(self.seed)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        try:
+            wait_for_port(port, proc, startup_timeout)
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise UserError(f"server exited with code {proc.returncode} before listening:\n{err}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise UserError(f"server did not listen on port {port} within {timeout:g} s")
 
 
 _SUITES = ("bank", "retail")
@@ -106,6 +152,7 @@ async def run_reference(toolbox: Any, suite: Suite, task: Task, *, server: str |
             del actions[writes[-1]]
     scope = toolbox.scoped(episode.meta)
     for action in [*actions, *extra]:
-        episode.results.append(await scope.call(action.tool, action.arguments))
+        spec = toolbox.catalog.lookup(episode.server, action.tool)
+        episode.results.append(await scope.call(spec.name if spec else action.tool, action.arguments))
     state = await episode.final_state(toolbox)
     return episode, suite.check(task, state, task.answer)

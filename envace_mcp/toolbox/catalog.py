@@ -174,6 +174,13 @@ class ToolCatalog:
     def names(self) -> list[str]:
         return list(self._specs)
 
+    def lookup(self, server: str, remote_name: str) -> ToolSpec | None:
+        """The catalog entry for a server's own tool name (which may be prefixed in the catalog)."""
+        for spec in self._specs.values():
+            if spec.server == server and spec.remote_name == remote_name:
+                return spec
+        return None
+
     def for_server(self, server: str) -> list[ToolSpec]:
         return [spec for spec in self._specs.values() if spec.server == server]
 

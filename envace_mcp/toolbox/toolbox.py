@@ -86,7 +86,9 @@ class Toolbox:
                 for conn in self._connections.values():
                     starting.start_soon(conn.start, self._tg)
         except BaseException as exc:
-            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            # Tear down without handing `exc` to our task group: it would re-raise it wrapped in
+            # an ExceptionGroup, and callers should see the error they caused.
+            await stack.__aexit__(None, None, None)
             self._close_logs()
             self._tg = None
             if isinstance(exc, BaseExceptionGroup) and all(isinstance(e, ServerStartError) for e in exc.exceptions):
@@ -102,7 +104,9 @@ class Toolbox:
         stack, self._stack = self._stack, None
         if stack is not None:
             try:
-                await stack.__aexit__(*exc_info)
+                # The caller's exception (or Ctrl-C) propagates by itself once we return; the
+                # connections are stopped either way (shielded), so no server outlives the toolbox.
+                await stack.__aexit__(None, None, None)
             finally:
                 self._close_logs()
                 self._tg = None

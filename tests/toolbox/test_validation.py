@@ -1,0 +1,44 @@
+import pytest
+
+from envace_mcp.toolbox.validation import ArgumentValidator
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "account": {"type": "string"},
+        "amount": {"type": "number", "exclusiveMinimum": 0},
+        "lines": {"type": "array", "items": {"type": "object", "properties": {"qty": {"type": "integer", "minimum": 1}},
+                                             "required": ["qty"]}},
+    },
+    "required": ["account", "amount"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"amount": 5}, "account"),
+        ({"account": "A", "amount": -1}, "amount"),
+        ({"account": "A", "amount": 1, "lines": [{"qty": 0}]}, "lines[0].qty"),
+        ({"account": "A", "amount": 1, "lines": [{}]}, "lines[0].qty"),
+        ({"account": "A", "amount": 1, "memo": "x"}, "memo"),
+        ({"account": 7, "amount": 1}, "account"),
+    ],
+)
+def test_the_offending_field_is_named(arguments, field):
+    errors = ArgumentValidator(SCHEMA).errors(arguments)
+    assert errors and errors[0]["field"] == field
+
+
+def test_valid_arguments_pass_and_non_objects_are_rejected():
+    validator = ArgumentValidator(SCHEMA)
+    assert validator.errors({"account": "A", "amount": 2.5}) == []
+    assert "JSON object" in validator.errors(["A", 2])[0]["message"]
+    assert validator.errors(None)[0]["field"] == ""
+
+
+def test_an_invalid_schema_is_reported_and_does_not_block_calls():
+    validator = ArgumentValidator({"type": "object", "properties": {"a": {"type": 12}}})
+    assert validator.schema_error
+    assert validator.errors({"a": 1}) == []
