@@ -54,3 +54,12 @@ def test_bad_input_gets_a_clear_message_not_a_traceback(tmp_path):
 def test_tasks_ls_lists_a_split():
     out = run("tasks", "ls", "retail", "--split", "test", "--limit", "3")
     assert out.returncode == 0 and out.stdout.count("retail/test/") == 3
+
+
+def test_the_toolbox_example_runs():
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "toolbox_quickstart.py"
+    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'balance':" in out.stdout and "bad transfer -> invalid_arguments" in out.stdout
