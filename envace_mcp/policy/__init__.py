@@ -1,0 +1,47 @@
+"""The shared policy: one model, act / rehearse / critique roles, several backends."""
+
+from envace_mcp.policy.base import Policy, PromptPolicy
+from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction
+from envace_mcp.policy.types import (
+    ActOutput,
+    ActRequest,
+    Critique,
+    CritiqueRequest,
+    Example,
+    Generation,
+    ParseIssue,
+    Prediction,
+    RehearseRequest,
+    SamplingParams,
+    ToolCall,
+)
+
+__all__ = [
+    # the seam
+    "Policy",
+    "PromptPolicy",
+    "load_policy",
+    # requests and results
+    "ActRequest",
+    "RehearseRequest",
+    "CritiqueRequest",
+    "Example",
+    "Generation",
+    "ActOutput",
+    "Prediction",
+    "Critique",
+    "ToolCall",
+    "ParseIssue",
+    "SamplingParams",
+    # parsers
+    "parse_act",
+    "parse_prediction",
+    "parse_critique",
+]
+
+
+def load_policy(model: str | None = None, *, adapter: str | None = None, **kwargs):  # noqa: ANN201
+    """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default."""
+    from envace_mcp.policy.transformers_backend import TransformersPolicy
+
+    return TransformersPolicy.from_pretrained(model, adapter=adapter, **kwargs)

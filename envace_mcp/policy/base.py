@@ -1,0 +1,85 @@
+"""The `Policy` seam and the prompt-based policy every text backend shares."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Protocol, runtime_checkable
+
+from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction
+from envace_mcp.policy.prompts import ChatMessage, render_act, render_critique, render_rehearse
+from envace_mcp.policy.types import (
+    ActOutput,
+    ActRequest,
+    Critique,
+    CritiqueRequest,
+    Generation,
+    Prediction,
+    RawCompletion,
+    RehearseRequest,
+    Role,
+    SamplingParams,
+)
+
+REHEARSE_STOP = ("</execution_result>",)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """One model, several roles. The graph and the trainer talk to this and nothing else.
+
+    Implementations coalesce concurrent calls (many graph runs at once) as they see fit; every call
+    returns a `Generation` whose `parsed` field is typed and whose failures are data.
+    """
+
+    name: str
+
+    async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[ActOutput]: ...
+
+    async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]: ...
+
+    async def critique(self, request: CritiqueRequest, sampling: SamplingParams | None = None) -> Generation[Critique]: ...
+
+
+class PromptPolicy(ABC):
+    """Renders each role's prompt, asks the backend for a completion, parses it.
+
+    Subclasses implement `_complete`; sampling defaults can differ per role (`role_sampling`).
+    """
+
+    name: str = "policy"
+
+    def __init__(self, *, sampling: SamplingParams | None = None, role_sampling: dict[Role, SamplingParams] | None = None):
+        self.sampling = sampling or SamplingParams()
+        self.role_sampling = dict(role_sampling or {})
+
+    def _sampling(self, role: Role, override: SamplingParams | None) -> SamplingParams:
+        chosen = override or self.role_sampling.get(role) or self.sampling
+        if role == "rehearse" and not set(REHEARSE_STOP) <= set(chosen.stop):
+            chosen = chosen.model_copy(update={"stop": tuple(chosen.stop) + REHEARSE_STOP})
+        return chosen
+
+    @abstractmethod
+    async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> RawCompletion:
+        """One completion of a rendered chat (with `tools=` for the act role)."""
+
+    def _generation(self, role: Role, raw: RawCompletion, parsed: Any, sampling: SamplingParams) -> Generation[Any]:
+        return Generation(role=role, text=raw.text, parsed=parsed, sampling=sampling, model=self.name,
+                          prompt_text=raw.prompt_text, prompt_ids=raw.prompt_ids, completion_ids=raw.completion_ids,
+                          logprobs=raw.logprobs, finish_reason=raw.finish_reason)
+
+    async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[ActOutput]:
+        s = self._sampling("act", sampling)
+        chat, tools = render_act(request)
+        raw = await self._complete("act", chat, tools, s)
+        return self._generation("act", raw, parse_act(raw.text), s)
+
+    async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
+        s = self._sampling("rehearse", sampling)
+        raw = await self._complete("rehearse", render_rehearse(request), None, s)
+        return self._generation("rehearse", raw, parse_prediction(raw.text, request.call, request.tool), s)
+
+    async def critique(self, request: CritiqueRequest, sampling: SamplingParams | None = None) -> Generation[Critique]:
+        s = self._sampling("critique", sampling)
+        raw = await self._complete("critique", render_critique(request), None, s)
+        return self._generation("critique", raw, parse_critique(raw.text), s)

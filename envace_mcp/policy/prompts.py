@@ -1,0 +1,213 @@
+"""Rendering each role's prompt as chat messages.
+
+Act: a system prompt (role, domain instructions, rehearsal memory), the task as the user turn, then
+the conversation. Rehearse: a *fresh* chat (EnvACE): the simulator system prompt and one user turn
+with, in order, the allowed tools, few-shot real calls (`<unavailable>` when none), the conversation
+serialised as `User:` / `Assistant:` / `Tool[name]:`, the act role's latest raw message, and the
+tool to simulate with its input schema, output schema (MCP gives us one; EnvACE had none) and
+arguments. Critique: the task, the attempt, earlier reviews, and a fixed answer format.
+
+Tool calls are written in the Hermes / Qwen format. For chat templates that take `tools=` (Qwen3 and
+most current models) the template renders tools and calls itself; for templates without tool
+support (SmolLM2) `plain_chat` writes the same text protocol into the messages: a `# Tools` block in
+the system prompt, `<tool_call>` blocks in assistant turns, `<tool_response>` blocks in user turns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+
+from envace_mcp.policy.types import ActRequest, CritiqueRequest, RehearseRequest
+from envace_mcp.toolbox import ToolSpec
+
+ChatMessage = dict[str, Any]
+
+ACT_SYSTEM = """\
+You are a careful assistant that completes the user's request by calling tools.
+Call a tool by writing a <tool_call> block; you may call several tools in one turn. Wait for the
+tool results before relying on them, never invent them. When you have what you need, reply to the
+user in plain text without any tool call; that reply is your final answer. If a request breaks the
+policy or cannot be done, say so and do not call the tool."""
+
+SIMULATOR_SYSTEM = """\
+You are a precise tool simulator, a silent function executor. Given a tool call, you output exactly \
+what the tool would return and nothing else. Check the call in this order:
+1. Format: if the call is not a well-formed tool call, answer \
+{"error_tool_call": {"code": "INVALID_TOOL_CALL_FORMAT", "details": "<what is wrong>"}}
+2. Availability: if the tool is not in the allowed list, answer \
+{"error_tool_call": {"code": "TOOL_NOT_AVAILABLE", "details": "<tool name>"}}
+3. Parameters: if the arguments do not satisfy the tool's input schema, answer \
+{"error_tool_call": {"code": "INVALID_PARAMETERS", "details": "<which field and why>"}}
+4. Otherwise produce the result. If an example calls the same tool with similar arguments, reuse its \
+result; otherwise invent a result consistent with the examples, the conversation and the output \
+schema. If the tool itself would fail (for example insufficient funds or an unknown id), answer \
+{"error_tool_call": {"code": "EXECUTION_ERROR", "message": "<the tool's error message>"}}
+Answer with one non-empty JSON object or array inside <execution_result></execution_result> and \
+nothing else."""
+
+CRITIC_SYSTEM = """\
+You review an agent's attempt at a customer's request, run against simulated tools. Judge whether \
+the attempt did exactly what the customer asked while following the policy, and what to do better."""
+
+CRITIQUE_FORMAT = """\
+Answer in exactly this format:
+VERDICT: success or failure
+PITFALLS: <mistakes made or nearly made>
+ADVICE: <what the next attempt should do>"""
+
+TOOLS_BLOCK_HEAD = """\
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>"""
+
+TOOLS_BLOCK_TAIL = """
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call>"""
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content)
+    return str(content)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
+    """LangChain messages as chat-template messages (OpenAI shape, tool calls structured)."""
+    chat: list[ChatMessage] = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            chat.append({"role": "system", "content": _text(message.content)})
+        elif isinstance(message, HumanMessage):
+            chat.append({"role": "user", "content": _text(message.content)})
+        elif isinstance(message, AIMessage):
+            entry: ChatMessage = {"role": "assistant", "content": _text(message.content)}
+            if message.tool_calls:
+                entry["tool_calls"] = [
+                    {"type": "function", "id": c.get("id"), "function": {"name": c["name"], "arguments": c["args"]}}
+                    for c in message.tool_calls
+                ]
+            chat.append(entry)
+        elif isinstance(message, ToolMessage):
+            chat.append({"role": "tool", "content": _text(message.content), "name": message.name or ""})
+        else:
+            chat.append({"role": "user", "content": _text(message.content)})
+    return chat
+
+
+def tools_block(tools: list[dict[str, Any]]) -> str:
+    return TOOLS_BLOCK_HEAD + "".join("\n" + _dumps(t) for t in tools) + TOOLS_BLOCK_TAIL
+
+
+def tool_call_text(name: str, arguments: Any) -> str:
+    return f'<tool_call>\n{{"name": {_dumps(name)}, "arguments": {_dumps(arguments)}}}\n</tool_call>'
+
+
+def plain_chat(chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> list[ChatMessage]:
+    """The same conversation for a template that knows only system/user/assistant text turns."""
+    out: list[ChatMessage] = []
+    messages = list(chat)
+    system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else ""
+    if tools:
+        system = f"{system}\n\n{tools_block(tools)}" if system else tools_block(tools)
+    if system:
+        out.append({"role": "system", "content": system})
+    for message in messages:
+        if message["role"] == "assistant":
+            parts = [message.get("content") or ""]
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function", call)
+                parts.append(tool_call_text(fn["name"], fn.get("arguments", {})))
+            out.append({"role": "assistant", "content": "\n".join(p for p in parts if p)})
+        elif message["role"] == "tool":
+            block = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1]["content"].startswith("<tool_response>"):
+                out[-1] = {"role": "user", "content": out[-1]["content"] + "\n" + block}
+            else:
+                out.append({"role": "user", "content": block})
+        else:
+            out.append({"role": message["role"], "content": message.get("content") or ""})
+    return out
+
+
+def render_act(request: ActRequest) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
+    """Chat messages and `tools=` for the act role."""
+    system = ACT_SYSTEM
+    if request.instructions:
+        system += f"\n\n# Policy\n{request.instructions.strip()}"
+    if request.memory:
+        system += (
+            "\n\n# Rehearsal memory\nWhat rehearsing this task showed (predicted outcomes, mismatches with "
+            f"reality, pitfalls). Use it, but trust real tool results over it.\n{request.memory.strip()}"
+        )
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": request.task}]
+    chat += to_chat(request.messages)
+    return chat, [spec.to_openai() for spec in request.tools]
+
+
+def serialise_history(messages: list[BaseMessage]) -> str:
+    """`User: …` / `Assistant: …` / `Tool[name]: …` lines, as EnvACE's simulator prompt has them."""
+    lines = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            continue
+        if isinstance(message, HumanMessage):
+            lines.append(f"User: {_text(message.content)}")
+        elif isinstance(message, AIMessage):
+            parts = [_text(message.content)] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
+            lines.append("Assistant: " + "\n".join(p for p in parts if p))
+        elif isinstance(message, ToolMessage):
+            lines.append(f"Tool[{message.name or 'tool'}]: {_text(message.content)}")
+    return "\n".join(lines) if lines else "<empty>"
+
+
+def _schema(spec: ToolSpec) -> str:
+    return _dumps(spec.input_schema)
+
+
+def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
+    allowed = "\n".join(f"- {s.name}: {s.description}\n  input schema: {_schema(s)}" for s in request.allowed) or "<none>"
+    examples = "\n\n".join(
+        f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>{e.result}</execution_result>"
+        for e in request.examples
+    ) or "<unavailable>"
+    call = request.call
+    if request.tool is not None:
+        target = [f"Name: {request.tool.name}", f"Input schema: {_schema(request.tool)}"]
+        if request.tool.output_schema:
+            target.append(f"Output schema: {_dumps(request.tool.output_schema)}")
+    else:
+        target = [f"Name: {call.name}", "Input schema: <unknown: not in the allowed tools>"]
+    target.append(f"Arguments: {_dumps(call.arguments)}")
+    user = (
+        f"## Allowed tools\n{allowed}\n\n"
+        f"## Real calls earlier in this task (examples)\n{examples}\n\n"
+        f"## Conversation so far\n{serialise_history(request.history)}\n\n"
+        f"## Latest assistant message\n{request.act_message or tool_call_text(call.name, call.arguments)}\n\n"
+        "## Tool call to simulate\n" + "\n".join(target)
+    )
+    return [{"role": "system", "content": SIMULATOR_SYSTEM}, {"role": "user", "content": user}]
+
+
+def render_critique(request: CritiqueRequest) -> list[ChatMessage]:
+    earlier = "\n\n".join(f"Review {i}:\n{c}" for i, c in enumerate(request.earlier, 1)) or "<none>"
+    user = (
+        f"## Task\n{request.task}\n\n## Attempt (tools were simulated)\n{serialise_history(request.transcript)}\n\n"
+        f"## Earlier reviews\n{earlier}\n\n{CRITIQUE_FORMAT}"
+    )
+    return [{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": user}]

