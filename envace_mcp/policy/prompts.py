@@ -87,6 +87,31 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def compact_schema(schema: Any) -> Any:
+    """A JSON Schema without the `title` annotations pydantic adds everywhere: they repeat the
+    property names, cost prompt tokens (about a fifth of a tool list) and tell the model nothing."""
+    if isinstance(schema, list):
+        return [compact_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    return out
+
+
+def tool_for_template(spec: ToolSpec) -> dict[str, Any]:
+    """The `tools=` entry of one catalog tool, schema compacted."""
+    return {"type": "function",
+            "function": {"name": spec.name, "description": spec.description,
+                         "parameters": compact_schema(spec.input_schema)}}
+
+
 def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
     """LangChain messages as chat-template messages (OpenAI shape, tool calls structured)."""
     chat: list[ChatMessage] = []
@@ -157,7 +182,7 @@ def render_act(request: ActRequest) -> tuple[list[ChatMessage], list[dict[str, A
         )
     chat = [{"role": "system", "content": system}, {"role": "user", "content": request.task}]
     chat += to_chat(request.messages)
-    return chat, [spec.to_openai() for spec in request.tools]
+    return chat, [tool_for_template(spec) for spec in request.tools]
 
 
 def serialise_history(messages: list[BaseMessage]) -> str:
@@ -177,7 +202,7 @@ def serialise_history(messages: list[BaseMessage]) -> str:
 
 
 def _schema(spec: ToolSpec) -> str:
-    return _dumps(spec.input_schema)
+    return _dumps(compact_schema(spec.input_schema))
 
 
 def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
@@ -190,7 +215,7 @@ def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
     if request.tool is not None:
         target = [f"Name: {request.tool.name}", f"Input schema: {_schema(request.tool)}"]
         if request.tool.output_schema:
-            target.append(f"Output schema: {_dumps(request.tool.output_schema)}")
+            target.append(f"Output schema: {_dumps(compact_schema(request.tool.output_schema))}")
     else:
         target = [f"Name: {call.name}", "Input schema: <unknown: not in the allowed tools>"]
     target.append(f"Arguments: {_dumps(call.arguments)}")

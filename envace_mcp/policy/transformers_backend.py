@@ -119,9 +119,10 @@ class TransformersPolicy(PromptPolicy):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if model is None:
-            from envace_mcp.policy.embedded import embedded_model_dir
+            from envace_mcp.policy.embedded import EMBEDDED_NAME, embedded_model_dir
 
             model = embedded_model_dir()
+            kwargs.setdefault("name", f"{EMBEDDED_NAME} (embedded)")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(model))
             lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=_resolve_dtype(dtype))

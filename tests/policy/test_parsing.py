@@ -144,3 +144,14 @@ def test_lenient_json_rejects_what_it_cannot_repair():
     with pytest.raises(ValueError):
         loads_lenient("no json here")
     assert loads_lenient('{"a": [1, 2') == ({"a": [1, 2]}, True)
+
+
+def test_prompt_schemas_drop_titles_but_keep_properties_named_title():
+    from envace_mcp.policy.prompts import compact_schema
+
+    schema = {"title": "Args", "type": "object", "properties": {"title": {"title": "Title", "type": "string"},
+                                                                "n": {"title": "N", "type": "integer", "minimum": 1}},
+              "$defs": {"Line": {"title": "Line", "type": "object"}}}
+    assert compact_schema(schema) == {"type": "object", "properties": {"title": {"type": "string"},
+                                                                        "n": {"type": "integer", "minimum": 1}},
+                                      "$defs": {"Line": {"type": "object"}}}

@@ -6,7 +6,7 @@ import sys
 import anyio
 import pytest
 
-from conftest import PROBE
+from helpers import PROBE
 from envace_mcp.eval import get_suite, run_reference
 from envace_mcp.eval.suites import free_port, wait_for_port
 from envace_mcp.toolbox import Toolbox

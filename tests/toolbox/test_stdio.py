@@ -10,7 +10,7 @@ import textwrap
 import anyio
 import pytest
 
-from conftest import PROBE, alive, children_of, logged_calls, wait_until
+from helpers import PROBE, alive, children_of, logged_calls, wait_until
 from envace_mcp.toolbox import ServerStartError, Toolbox
 
 pytestmark = pytest.mark.anyio

@@ -1,0 +1,73 @@
+"""How well a rehearsal predicted reality: a pure comparison of a prediction with a real result."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace_mcp.policy.types import Prediction
+from envace_mcp.toolbox import ToolResult
+
+
+@dataclass(frozen=True)
+class Match:
+    """`score` in [0, 1]: 1 when the prediction matches the real outcome field for field."""
+
+    score: float
+    status_match: bool
+    fields: int = 0
+    """Leaf fields of the real result that were compared."""
+    matched: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+
+def leaves(value: Any, path: str = "") -> dict[str, Any]:
+    """Flatten JSON into `{"a.b[0].c": leaf}`."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(leaves(sub, f"{path}.{key}" if path else str(key)))
+        return out or {path: {}}
+    if isinstance(value, list):
+        out = {}
+        for i, sub in enumerate(value):
+            out.update(leaves(sub, f"{path}[{i}]"))
+        return out or {path: []}
+    return {path: value}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(float(a) - float(b)) <= max(0.005, 1e-6 * abs(float(b)))
+    return a == b
+
+
+def compare(prediction: Prediction, real: ToolResult) -> Match:
+    """Score a rehearsal against what the server really returned.
+
+    An error predicted for an error (or a result for a result) is a status match; a predicted
+    result scores the fraction of the real result's leaf fields it got right. An invalid
+    rehearsal or a status mismatch scores 0.
+    """
+    if prediction.status == "invalid":
+        return Match(score=0.0, status_match=False, mismatches=[f"invalid rehearsal: {prediction.code}"])
+    if real.is_error:
+        ok = prediction.status == "tool_error"
+        return Match(score=1.0 if ok else 0.0, status_match=ok,
+                     mismatches=[] if ok else ["predicted a result, the tool failed"])
+    if prediction.status == "tool_error":
+        return Match(score=0.0, status_match=False, mismatches=["predicted an error, the tool succeeded"])
+    actual = real.value
+    if isinstance(actual, str):
+        try:
+            actual = json.loads(actual)
+        except ValueError:
+            pass
+    truth, guess = leaves(actual), leaves(prediction.result)
+    mismatches = [p for p, v in truth.items() if p not in guess or not _same(guess[p], v)]
+    matched = len(truth) - len(mismatches)
+    return Match(score=matched / len(truth) if truth else 1.0, status_match=True, fields=len(truth),
+                 matched=matched, mismatches=mismatches[:20])

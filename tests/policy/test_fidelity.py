@@ -1,0 +1,31 @@
+from envace_mcp.policy import Prediction
+from envace_mcp.policy.fidelity import compare, leaves
+from envace_mcp.toolbox import ToolResult
+
+REAL = ToolResult(tool="get_balance", structured_content={"account_id": "CHK-1", "balance": 12.5, "tags": ["a", "b"]})
+
+
+def predicted(result=None, status="result", code=None):
+    return Prediction(tool="get_balance", status=status, result=result, code=code)
+
+
+def test_a_perfect_prediction_scores_one_and_numbers_compare_with_tolerance():
+    match = compare(predicted({"account_id": "CHK-1", "balance": 12.501, "tags": ["a", "b"]}), REAL)
+    assert match.score == 1.0 and match.fields == 4 and match.status_match
+
+
+def test_partly_right_predictions_score_the_fraction_of_real_fields():
+    match = compare(predicted({"account_id": "CHK-1", "balance": 99, "extra": 1}), REAL)
+    assert match.score == 0.25 and set(match.mismatches) == {"balance", "tags[0]", "tags[1]"}
+
+
+def test_status_decides_errors_and_invalid_rehearsals_score_zero():
+    failed = ToolResult(tool="get_balance", is_error=True, error_kind="tool_error")
+    assert compare(predicted(status="tool_error", code="EXECUTION_ERROR"), failed).score == 1.0
+    assert compare(predicted({"balance": 1}), failed).score == 0.0
+    assert compare(predicted(status="tool_error", code="EXECUTION_ERROR"), REAL).score == 0.0
+    assert compare(predicted(status="invalid", code="MISSING_TAG"), REAL).score == 0.0
+
+
+def test_leaves_flatten_nested_json():
+    assert leaves({"a": {"b": [1, {"c": None}]}, "d": []}) == {"a.b[0]": 1, "a.b[1].c": None, "d": []}
