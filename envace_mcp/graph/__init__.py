@@ -1,0 +1,18 @@
+"""The EnvACE graph: rehearse before acting, gate real calls, remember what rehearsal showed."""
+
+from envace_mcp.graph.builder import create_envace_graph
+from envace_mcp.graph.gate import Decision, GateConfig, decide, should_rehearse
+from envace_mcp.graph.memory import render_memory
+from envace_mcp.graph.state import EnvaceContext, EnvaceState, RehearsalRecord
+
+__all__ = [
+    "create_envace_graph",
+    "EnvaceContext",
+    "EnvaceState",
+    "RehearsalRecord",
+    "GateConfig",
+    "Decision",
+    "decide",
+    "should_rehearse",
+    "render_memory",
+]

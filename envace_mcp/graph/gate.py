@@ -1,0 +1,105 @@
+"""The gate: pure functions deciding, per proposed call, whether it is rehearsed and what happens next.
+
+The gate is code, not text: nothing a tool returns or a model writes can change these rules.
+
+    should_rehearse(spec, mode, config)                          -> bool
+    decide(call, spec, prediction, mode=, config=, real_calls=)  -> Decision
+
+Decisions, in the order they are checked:
+1. `reject`   — unknown tool or arguments violating its input schema (answered without any server);
+2. `simulate` — simulated mode, or a non-read-only tool in mixed mode: the prediction is the answer;
+3. `feedback` — the rehearsal predicts an error for a tool that is not destructive: not executed, the
+   prediction goes back to the agent so it can revise;
+4. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error):
+   not executed unless `approve_blocked` routes it to a human (`ask`);
+5. `budget`   — the real-call budget is spent;
+6. `ask`      — the configuration wants a human to approve this call (`interrupt()` shows the call and
+   its rehearsed outcome);
+7. `execute`  — run it on the real server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from envace_mcp.policy.types import Prediction, ToolCall
+from envace_mcp.toolbox import ToolSpec
+
+Mode = Literal["real", "simulated", "mixed"]
+Action = Literal["reject", "simulate", "feedback", "block", "budget", "ask", "execute"]
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """How calls are rehearsed and gated. Each default says why."""
+
+    rehearse: Literal["all", "writes", "none"] = "writes"
+    """Rehearse calls to tools not annotated read-only: reads are cheap and safe to just run."""
+    feedback_on_predicted_error: bool = True
+    """A predicted error is sent back to the agent instead of spending a real call that would fail."""
+    block_destructive_on_predicted_failure: bool = True
+    """Destructive calls predicted to fail (often policy violations) are where rehearsal pays off most."""
+    approve_blocked: bool = False
+    """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
+    require_approval: Literal["never", "destructive", "always"] = "never"
+    """Human approval for every destructive call, or every call, with the rehearsed outcome shown."""
+    max_real_calls: int | None = 50
+    """Bounds what one run can do to real systems."""
+    max_rehearsals: int | None = 100
+    """Bounds model time spent rehearsing in one run."""
+    max_steps: int = 12
+    """Agent turns before the run stops (the bundled tasks need at most 7)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def should_rehearse(spec: ToolSpec | None, mode: Mode, config: GateConfig) -> bool:
+    """Whether a call to `spec` is rehearsed before the gate decides."""
+    if spec is None:
+        return False
+    if mode == "simulated" or (mode == "mixed" and not spec.annotations.read_only):
+        return True  # the prediction *is* the answer
+    if config.rehearse == "all":
+        return True
+    if config.rehearse == "writes":
+        return not spec.annotations.read_only
+    return False
+
+
+def decide(
+    call: ToolCall,
+    spec: ToolSpec | None,
+    prediction: Prediction | None,
+    *,
+    mode: Mode,
+    config: GateConfig,
+    real_calls: int = 0,
+) -> Decision:
+    """What happens to one proposed call. Pure: same inputs, same decision."""
+    if spec is None:
+        return Decision("reject", f"unknown tool '{call.name}'")
+    problems = spec.validator.errors(call.arguments)
+    if problems:
+        where = f"field '{problems[0]['field']}'" if problems[0]["field"] else "arguments"
+        return Decision("reject", f"invalid arguments for '{spec.name}': {where}: {problems[0]['message']}")
+    simulated = mode == "simulated" or (mode == "mixed" and not spec.annotations.read_only)
+    if simulated:
+        return Decision("simulate", f"{mode} mode: the rehearsal answers this call")
+    failing = prediction is not None and prediction.status == "tool_error"
+    if failing and spec.annotations.destructive and config.block_destructive_on_predicted_failure:
+        why = f"rehearsal predicts {prediction.code}: {prediction.message or prediction.details or 'failure'}"
+        if config.approve_blocked:
+            return Decision("ask", f"destructive call blocked ({why}); a human may approve it")
+        return Decision("block", f"destructive call blocked: {why}")
+    if failing and config.feedback_on_predicted_error:
+        return Decision("feedback", f"rehearsal predicts {prediction.code}: {prediction.message or prediction.details or 'an error'}")
+    if config.max_real_calls is not None and real_calls >= config.max_real_calls:
+        return Decision("budget", f"real-call budget of {config.max_real_calls} spent")
+    if config.require_approval == "always" or (config.require_approval == "destructive" and spec.annotations.destructive):
+        return Decision("ask", f"approval required for {'destructive ' if spec.annotations.destructive else ''}tool '{spec.name}'")
+    return Decision("execute", "rehearsal raised no objection" if prediction is not None else "not rehearsed")

@@ -1,0 +1,70 @@
+"""Rendering rehearsal memory into the act role's prompt.
+
+The act role sees, in its system prompt under "# Rehearsal memory":
+- notes brought in from outside the run (test-time rehearsal: what imagined attempts did, their
+  critiques' pitfalls and advice);
+- for the most recent proposed calls, one line each: the call, what the rehearsal predicted, what
+  the gate did and why, and — when the call really ran — whether reality matched (mismatches are
+  flagged `MISMATCH`, so the agent learns to distrust that kind of prediction);
+- a closing line with the counts of mismatches and of calls stopped by the gate.
+
+Lines are compact (values cut at 160 characters) and only the last `limit` records are shown, so
+the prompt stays bounded however long the run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from envace_mcp.graph.state import RehearsalRecord
+
+_STOPPED = {"feedback", "block", "reject", "budget", "rejected_by_human"}
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _predicted(prediction: dict[str, Any] | None) -> str:
+    if not prediction:
+        return "not rehearsed"
+    status = prediction.get("status")
+    if status == "result":
+        return f"predicted {_short(prediction.get('result'))}"
+    if status == "tool_error":
+        detail = prediction.get("message") or prediction.get("details") or ""
+        return f"predicted error {prediction.get('code')}: {_short(detail, 100)}"
+    return f"rehearsal unusable ({prediction.get('code')})"
+
+
+def render_line(record: RehearsalRecord) -> str:
+    call = f"{record.get('tool')}({_short(record.get('arguments', {}), 120)})"
+    parts = [f"- {call}: {_predicted(record.get('prediction'))}"]
+    decision = record.get("decision")
+    if decision:
+        parts.append(f"gate: {decision} ({_short(record.get('reason', ''), 100)})")
+    real = record.get("real")
+    if real is not None:
+        outcome = "error" if real.get("is_error") else "ok"
+        text = real.get("structured_content") if real.get("structured_content") is not None else real.get("content")
+        parts.append(f"real {outcome}: {_short(text, 120)}")
+        match = record.get("match")
+        if match is not None:
+            parts.append("matched" if match >= 0.999 else f"MISMATCH (fidelity {match:.2f})")
+    return "; ".join(parts)
+
+
+def render_memory(records: list[RehearsalRecord], notes: str | None = None, *, limit: int = 8) -> str | None:
+    """The "# Rehearsal memory" text for the act prompt, or `None` when there is nothing to say."""
+    sections: list[str] = []
+    if notes and notes.strip():
+        sections.append(notes.strip())
+    shown = [r for r in records if r.get("prediction") is not None or r.get("decision") in _STOPPED]
+    if shown:
+        sections.append("Calls so far:\n" + "\n".join(render_line(r) for r in shown[-limit:]))
+        mismatches = sum(1 for r in records if r.get("match") is not None and r["match"] < 0.999)
+        stopped = sum(1 for r in records if r.get("decision") in _STOPPED)
+        sections.append(f"{mismatches} prediction(s) differed from reality; {stopped} call(s) were stopped by the gate.")
+    return "\n\n".join(sections) if sections else None

@@ -1,0 +1,53 @@
+"""agent: the act role proposes tool calls or gives the final answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.runtime import Runtime
+
+from envace_mcp.graph.memory import render_memory
+from envace_mcp.graph.nodes._common import emit, split_task
+from envace_mcp.graph.state import EnvaceContext, EnvaceState
+from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.types import ActRequest
+
+FORMAT_REMINDER = (
+    "Your last message tried to call a tool but the call could not be read ({problems}). Write each call "
+    'as <tool_call>{{"name": "<tool>", "arguments": {{...}}}}</tool_call>, or answer in plain text.'
+)
+
+
+async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
+    ctx = runtime.context
+    if state.get("steps", 0) >= ctx.gate.max_steps:
+        return {"status": "max_steps", "final_answer": None}
+    task, conversation = split_task(state["messages"], state.get("task"))
+    request = ActRequest(
+        task=task,
+        messages=conversation,
+        tools=ctx.catalog(),
+        memory=render_memory(state.get("rehearsals", []), state.get("notes"), limit=ctx.memory_items),
+        instructions=ctx.instructions,
+    )
+    generation = await ctx.policy.act(request, ctx.sampling.get("act"))
+    emit(runtime, "agent", generation)
+    parsed = generation.parsed
+    calls = [c.as_langchain() for c in parsed.tool_calls]
+    text = parsed.content if calls else (parsed.content or generation.text)
+    message = AIMessage(content=text, tool_calls=calls)
+    update: dict[str, Any] = {"messages": [message], "steps": 1, "status": "running"}
+    if calls:
+        return update
+    if parsed.malformed:  # a broken call is not an answer: say what was wrong and let it try again
+        problems = "; ".join(i.message for i in parsed.issues if i.code == "invalid_tool_call")
+        update["messages"].append(HumanMessage(content=FORMAT_REMINDER.format(problems=problems)))
+        return update
+    return {**update, "final_answer": text, "status": "finished"}
+
+
+def raw_act_message(message: AIMessage) -> str:
+    """The act turn as the model wrote it (for the rehearse role's prompt)."""
+    parts = [str(message.content or "")] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
+    return "\n".join(p for p in parts if p)

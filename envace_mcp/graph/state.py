@@ -1,0 +1,97 @@
+"""Graph state (data) and context (services).
+
+State is plain data a checkpointer can store: the conversation, the rehearsal memory (one record per
+proposed call, upserted by call id as rehearse → gate → act fill it in), counters and the outcome.
+Services — the policy, the toolbox, the gate configuration — travel in the LangGraph `Runtime`
+context and never enter state.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from langchain_core.messages import AnyMessage
+from langgraph.graph.message import add_messages
+from typing_extensions import NotRequired, TypedDict
+
+from envace_mcp.graph.gate import GateConfig, Mode
+from envace_mcp.policy.types import Role, SamplingParams
+
+
+class RehearsalRecord(TypedDict, total=False):
+    """Everything known about one proposed call."""
+
+    call_id: str
+    step: int
+    tool: str
+    arguments: Any
+    prediction: dict[str, Any] | None
+    """`Prediction.model_dump()`; `None` when the call was not rehearsed."""
+    decision: str
+    reason: str
+    real: dict[str, Any] | None
+    """`ToolResult.model_dump()` when the call ran on a real server."""
+    match: float | None
+    """Prediction-vs-reality score in [0, 1] when both exist (`policy.fidelity.compare`)."""
+    mismatches: list[str]
+    approved: bool | None
+
+
+def upsert_records(left: list[RehearsalRecord] | None, right: list[RehearsalRecord] | None) -> list[RehearsalRecord]:
+    """Append reducer for rehearsal memory: new call ids are appended, known ones updated in place."""
+    merged = [dict(r) for r in (left or [])]
+    index = {r.get("call_id"): i for i, r in enumerate(merged)}
+    for record in right or []:
+        key = record.get("call_id")
+        if key in index:
+            merged[index[key]] = {**merged[index[key]], **record}
+        else:
+            index[key] = len(merged)
+            merged.append(dict(record))
+    return merged  # type: ignore[return-value]
+
+
+class EnvaceState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    task: NotRequired[str]
+    """The user's request; defaults to the first human message."""
+    notes: NotRequired[str]
+    """Memory brought in from outside the run (test-time rehearsal's condensed attempts)."""
+    rehearsals: NotRequired[Annotated[list[RehearsalRecord], upsert_records]]
+    steps: NotRequired[Annotated[int, operator.add]]
+    real_calls: NotRequired[Annotated[int, operator.add]]
+    rehearsal_count: NotRequired[Annotated[int, operator.add]]
+    final_answer: NotRequired[str | None]
+    status: NotRequired[Literal["running", "finished", "max_steps"]]
+
+
+@dataclass
+class EnvaceContext:
+    """Services for one graph run (LangGraph `Runtime.context`).
+
+    `toolbox` is a `Toolbox` or `ToolboxScope` (an episode scope for the bundled servers); it may be
+    `None` in simulated mode, where `tools` (catalog entries) describe what the agent can call.
+    """
+
+    policy: Any
+    toolbox: Any = None
+    tools: list[Any] | None = None
+    gate: GateConfig = field(default_factory=GateConfig)
+    mode: Mode = "real"
+    instructions: str | None = None
+    """Domain policy shown to the act role (e.g. the servers' instructions)."""
+    sampling: dict[Role, SamplingParams] = field(default_factory=dict)
+    memory_items: int = 8
+    """Most recent rehearsal records rendered into the act prompt."""
+
+    def catalog(self) -> list[Any]:
+        if self.tools is not None:
+            return list(self.tools)
+        if self.toolbox is not None:
+            return list(self.toolbox.catalog)
+        return []
+
+    def spec(self, name: str) -> Any:
+        return next((s for s in self.catalog() if s.name == name), None)

@@ -1,0 +1,73 @@
+"""Every gate path, as pure functions."""
+
+import pytest
+
+from envace_mcp.graph.gate import GateConfig, decide, should_rehearse
+from envace_mcp.policy import Prediction, ToolCall
+from envace_mcp.toolbox import ToolAnnotations, ToolSpec
+
+SCHEMA = {"type": "object", "properties": {"amount": {"type": "number", "exclusiveMinimum": 0}}, "required": ["amount"]}
+READ = ToolSpec.create(remote_name="get_balance", server="bank", description="", input_schema={"type": "object"},
+                       output_schema=None, annotations=ToolAnnotations.from_hints({"readOnlyHint": True}))
+WRITE = ToolSpec.create(remote_name="transfer", server="bank", description="", input_schema=SCHEMA, output_schema=None,
+                        annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+SAFE_WRITE = ToolSpec.create(remote_name="add_note", server="crm", description="", input_schema={"type": "object"},
+                             output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": False}))
+OK = ToolCall(id="1", name="transfer", arguments={"amount": 5})
+FAILS = Prediction(tool="transfer", status="tool_error", code="EXECUTION_ERROR", message="Insufficient funds")
+FINE = Prediction(tool="transfer", status="result", result={"ok": True})
+
+
+def d(call, spec, prediction=None, mode="real", real_calls=0, **config):
+    return decide(call, spec, prediction, mode=mode, config=GateConfig(**config), real_calls=real_calls)
+
+
+@pytest.mark.parametrize(
+    ("spec", "mode", "rehearse", "expected"),
+    [(READ, "real", "writes", False), (WRITE, "real", "writes", True), (READ, "real", "all", True),
+     (WRITE, "real", "none", False), (READ, "simulated", "none", True), (READ, "mixed", "writes", False),
+     (WRITE, "mixed", "none", True), (None, "real", "all", False)],
+)
+def test_which_calls_are_rehearsed(spec, mode, rehearse, expected):
+    assert should_rehearse(spec, mode, GateConfig(rehearse=rehearse)) is expected
+
+
+def test_unknown_tools_and_invalid_arguments_are_rejected_before_anything_else():
+    assert d(ToolCall(id="1", name="nope"), None).action == "reject"
+    bad = d(ToolCall(id="1", name="transfer", arguments={"amount": -1}), WRITE, mode="simulated")
+    assert bad.action == "reject" and "field 'amount'" in bad.reason
+
+
+def test_simulated_and_mixed_modes_answer_with_the_rehearsal():
+    assert d(OK, WRITE, FINE, mode="simulated").action == "simulate"
+    assert d(OK, WRITE, FAILS, mode="mixed").action == "simulate"
+    read = ToolCall(id="2", name="get_balance", arguments={})
+    assert d(read, READ, None, mode="mixed").action == "execute"
+
+
+def test_predicted_failure_of_a_destructive_call_blocks_it_unless_a_human_may_approve():
+    blocked = d(OK, WRITE, FAILS)
+    assert blocked.action == "block" and "Insufficient funds" in blocked.reason
+    assert d(OK, WRITE, FAILS, approve_blocked=True).action == "ask"
+    assert d(OK, WRITE, FAILS, block_destructive_on_predicted_failure=False).action == "feedback"
+    assert d(OK, WRITE, FAILS, block_destructive_on_predicted_failure=False,
+             feedback_on_predicted_error=False).action == "execute"
+
+
+def test_a_predicted_error_on_a_non_destructive_tool_goes_back_as_feedback():
+    call = ToolCall(id="3", name="add_note", arguments={})
+    assert d(call, SAFE_WRITE, FAILS).action == "feedback"
+
+
+def test_budgets_and_approval_rules():
+    assert d(OK, WRITE, FINE, real_calls=3, max_real_calls=3).action == "budget"
+    assert d(OK, WRITE, FINE, require_approval="destructive").action == "ask"
+    read = ToolCall(id="2", name="get_balance", arguments={})
+    assert d(read, READ, None, require_approval="destructive").action == "execute"
+    assert d(read, READ, None, require_approval="always").action == "ask"
+    assert d(OK, WRITE, FINE).action == "execute"
+
+
+def test_an_invalid_rehearsal_does_not_stop_a_call():
+    garbled = Prediction(tool="transfer", status="invalid", code="MISSING_TAG")
+    assert d(OK, WRITE, garbled).action == "execute"

@@ -1,0 +1,185 @@
+"""The EnvACE graph with scripted policies against a real (in-process) bank server."""
+
+import json
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from envace_mcp.eval import Episode
+from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.testing import ScriptedPolicy
+from envace_mcp.toolbox import Toolbox
+from probe_server import build as build_probe
+
+pytestmark = pytest.mark.anyio
+SNAPSHOT = Path(__file__).parent / "snapshots" / "envace_graph.mmd"
+
+
+def call(name, **arguments):
+    return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+
+
+def result(**fields):
+    return f"<execution_result>{json.dumps(fields)}</execution_result>"
+
+
+def ids(task):
+    accounts = task.initial_state["accounts"]
+    me = task.initial_state["customer_id"]
+    return {a["type"]: a["id"] for a in accounts.values() if a["owner"] == me}
+
+
+async def run(policy, toolbox, task, **context):
+    graph = create_envace_graph().compile()
+    return await graph.ainvoke({"messages": [HumanMessage(content=task.instruction)]},
+                               context=EnvaceContext(policy=policy, toolbox=toolbox, **context))
+
+
+def test_the_graph_topology_matches_its_snapshot():
+    drawing = create_envace_graph().compile().get_graph().draw_mermaid()
+    if not SNAPSHOT.exists():  # first run writes it; review and commit
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(drawing)
+    assert drawing == SNAPSHOT.read_text()
+
+
+async def test_a_read_only_call_runs_unrehearsed_and_the_answer_ends_the_run(bank):
+    suite, task = bank
+    a = ids(task)
+    policy = ScriptedPolicy(act=[call("get_balance", account_id=a["savings"]), "You have some money."])
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task)
+    policy.assert_complete()
+    assert out["final_answer"] == "You have some money." and out["status"] == "finished"
+    [record] = out["rehearsals"]
+    assert record["prediction"] is None and record["decision"] == "execute" and not record["real"]["is_error"]
+    assert out["real_calls"] == 1 and out.get("rehearsal_count", 0) == 0
+    tool_reply = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert '"balance"' in tool_reply.content
+
+
+async def test_a_destructive_call_predicted_to_fail_is_blocked_and_never_reaches_the_server(bank):
+    suite, task = bank
+    a = ids(task)
+    trap = task.trap.arguments
+    policy = ScriptedPolicy(
+        act=[call("transfer", **trap), "I can't do that: savings must keep $500."],
+        rehearse=['<execution_result>{"error_tool_call": {"code": "EXECUTION_ERROR", '
+                  '"message": "policy: savings would drop below the $500 minimum"}}</execution_result>'],
+    )
+    server = suite.build_server()
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": server}) as toolbox:
+        out = await run(policy, toolbox.scoped(episode.meta), task)
+        final = await episode.final_state(toolbox)
+    policy.assert_complete()
+    record = out["rehearsals"][0]
+    assert record["decision"] == "block" and "below the $500 minimum" in record["reason"] and record.get("real") is None
+    assert final["accounts"][a["savings"]]["balance"] == task.initial_state["accounts"][a["savings"]]["balance"]
+    assert suite.check(task, final, out["final_answer"]).score == 1.0
+    blocked = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert blocked.status == "error" and "Not executed (block)" in blocked.content
+    # the act role's second turn saw the rehearsal in its memory
+    memory = policy.calls[-1][1].memory
+    assert "predicted error EXECUTION_ERROR" in memory and "gate: block" in memory
+
+
+async def test_mismatches_between_rehearsal_and_reality_are_scored_and_shown_to_the_agent(bank):
+    suite, task = bank
+    a = ids(task)
+    policy = ScriptedPolicy(
+        act=[call("transfer", from_account_id=a["checking"], to_account_id=a["savings"], amount=10), "Done."],
+        rehearse=[result(transfer_id="TXN-1", from_account_id=a["checking"], to_account_id=a["savings"], amount=10,
+                         from_balance=1.0, to_balance=2.0)],
+    )
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task)
+    record = out["rehearsals"][0]
+    assert record["decision"] == "execute" and 0 < record["match"] < 1
+    assert {"from_balance", "to_balance", "transfer_id"} <= set(record["mismatches"])
+    assert "MISMATCH" in policy.calls[-1][1].memory
+
+
+async def test_approvals_for_two_parallel_calls_are_both_shown_and_resuming_runs_nothing_twice(bank):
+    suite, task = bank
+    a = ids(task)
+    first = dict(from_account_id=a["checking"], to_account_id=a["savings"], amount=10)
+    second = dict(from_account_id=a["checking"], to_account_id=a["savings"], amount=20)
+    policy = ScriptedPolicy(
+        act=[call("transfer", **first) + call("transfer", **second) + call("echo", text="read"), "Done."],
+        rehearse=[result(transfer_id="T1", **first, from_balance=0, to_balance=0),
+                  result(transfer_id="T2", **second, from_balance=0, to_balance=0)],
+    )
+    probe = build_probe()
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server(), "probe": probe}) as toolbox:
+        graph = create_envace_graph().compile(checkpointer=InMemorySaver())
+        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
+                                gate=GateConfig(require_approval="destructive"))
+        config = {"configurable": {"thread_id": "t1"}}
+        paused = await graph.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config, context=context)
+        interrupts = paused["__interrupt__"]
+        assert len(interrupts) == 2
+        shown = sorted(i.value["call"]["arguments"]["amount"] for i in interrupts)
+        assert shown == [10, 20] and all(i.value["rehearsal"]["status"] == "result" for i in interrupts)
+        answers = {i.id: i.value["call"]["arguments"]["amount"] == 10 for i in interrupts}
+        out = await graph.ainvoke(Command(resume=answers), config, context=context)
+        final = await episode.final_state(toolbox)
+    policy.assert_complete()  # two rehearsals only: resuming did not rehearse again
+    assert len(probe.calls) == 1  # the read ran once, before the pause
+    start = task.initial_state["accounts"][a["checking"]]["balance"]
+    assert round(start - final["accounts"][a["checking"]]["balance"], 2) == 10.0
+    decisions = {r["arguments"].get("amount"): r.get("decision") for r in out["rehearsals"]}
+    assert decisions == {10: "ask", 20: "rejected_by_human", None: "execute"}
+    assert out["real_calls"] == 2 and out["final_answer"] == "Done."
+
+
+async def test_simulated_mode_needs_no_server(bank, bank_catalog):
+    suite, task = bank
+    a = ids(task)
+    policy = ScriptedPolicy(act=[call("get_balance", account_id=a["savings"]), "It is 42."],
+                            rehearse=[result(account_id=a["savings"], type="savings", balance=42.0, currency="USD")])
+    out = await run(policy, None, task, tools=bank_catalog, mode="simulated")
+    policy.assert_complete()
+    reply = next(m for m in out["messages"] if isinstance(m, ToolMessage))
+    assert json.loads(reply.content)["balance"] == 42.0 and out.get("real_calls", 0) == 0
+    assert out["rehearsals"][0]["decision"] == "simulate"
+
+
+async def test_mixed_mode_reads_for_real_and_simulates_writes(bank):
+    suite, task = bank
+    a = ids(task)
+    policy = ScriptedPolicy(
+        act=[call("get_balance", account_id=a["checking"]) + call("transfer", from_account_id=a["checking"],
+                                                                  to_account_id=a["savings"], amount=5), "ok"],
+        rehearse=[result(transfer_id="T", from_account_id=a["checking"], to_account_id=a["savings"], amount=5,
+                         from_balance=0, to_balance=0)],
+    )
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(episode.meta), task, mode="mixed")
+        final = await episode.final_state(toolbox)
+    decisions = {r["tool"]: r["decision"] for r in out["rehearsals"]}
+    assert decisions == {"get_balance": "execute", "transfer": "simulate"} and out["real_calls"] == 1
+    assert final["accounts"][a["checking"]]["balance"] == task.initial_state["accounts"][a["checking"]]["balance"]
+
+
+async def test_step_budget_ends_a_run_that_never_answers(bank):
+    suite, task = bank
+    a = ids(task)
+    policy = ScriptedPolicy(act=[call("get_balance", account_id=a["savings"])] * 3)
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task, gate=GateConfig(max_steps=3))
+    assert out["status"] == "max_steps" and out["final_answer"] is None and out["real_calls"] == 3
+
+
+async def test_an_unreadable_tool_call_gets_a_format_reminder_and_another_turn(bank):
+    suite, task = bank
+    policy = ScriptedPolicy(act=["<tool_call>{get_balance: oops</tool_call>", "Fine, no tools."])
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task)
+    assert out["final_answer"] == "Fine, no tools."
+    assert any(isinstance(m, HumanMessage) and "could not be read" in m.content for m in out["messages"])
