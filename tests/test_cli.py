@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
 
@@ -21,15 +22,32 @@ def test_servers_ls_prints_both_bundled_catalogs_as_json():
     assert catalog["return_items"]["output_schema"]["title"] == "Order"
 
 
-def test_demo_solves_a_test_task_over_stdio_and_prints_the_checker_score():
-    out = run("demo")
+def test_demo_replays_a_reference_solution_over_stdio_and_prints_the_checker_score():
+    out = run("demo", "--reference")
     assert out.returncode == 0, out.stderr
     assert "Task bank/test/" in out.stdout and "checker score: 1.00" in out.stdout
     assert "place_order" in out.stdout and "destructive" in out.stdout
 
 
+def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score():
+    out = run("demo", "--max-new-tokens", "24", "--max-steps", "2", timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "Task bank/test/0000" in out.stdout and "agent" in out.stdout
+    score = float(out.stdout.rsplit("checker score:", 1)[1].split()[0])
+    assert 0.0 <= score <= 1.0 and "✓ state" in out.stdout  # a read-only task: state untouched
+
+
+def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
+    out = run("run", "What is the balance of CHK-9995?", "--max-new-tokens", "16", "--gate", "max_steps=1",
+              timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "final answer:" in out.stdout
+    bad = run("run", "x", "--gate", "bogus=1")
+    assert bad.returncode == 2 and "unknown gate setting 'bogus'" in bad.stdout
+
+
 def test_demo_over_http_for_retail():
-    out = run("demo", "--domain", "retail", "--transport", "http")
+    out = run("demo", "--reference", "--domain", "retail", "--transport", "http")
     assert out.returncode == 0, out.stderr
     assert "checker score: 1.00" in out.stdout
 
@@ -56,13 +74,29 @@ def test_tasks_ls_lists_a_split():
     assert out.returncode == 0 and out.stdout.count("retail/test/") == 3
 
 
-def test_the_toolbox_example_runs():
-    from pathlib import Path
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
-    example = Path(__file__).parent.parent / "examples" / "toolbox_quickstart.py"
-    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
+
+def example(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_the_toolbox_example_runs():
+    out = example("toolbox_quickstart.py")
     assert out.returncode == 0, out.stderr
     assert "'balance':" in out.stdout and "bad transfer -> invalid_arguments" in out.stdout
+
+
+def test_the_graph_and_drop_in_examples_run_with_the_embedded_model():
+    graph = example("envace_graph.py", "--max-new-tokens", "16")
+    assert graph.returncode == 0, graph.stderr
+    assert "checker score:" in graph.stdout
+    node = example("rehearsing_tool_node.py")
+    assert node.returncode == 0, node.stderr
+    assert "transfer: rehearsal=" in node.stdout and "decision=" in node.stdout
+    middleware = example("create_agent_middleware.py")
+    assert middleware.returncode == 0, middleware.stderr
+    assert "transfer: rehearsal=" in middleware.stdout and "checker score:" in middleware.stdout
 
 
 def test_policy_try_prints_the_embedded_models_rehearsal_beside_the_real_result():

@@ -2,4 +2,12 @@
 
 from envace_mcp.eval.suites import Episode, Suite, get_suite, run_reference, suites
 
-__all__ = ["Suite", "Episode", "suites", "get_suite", "run_reference"]
+__all__ = ["Suite", "Episode", "suites", "get_suite", "run_reference", "run_task", "TaskRun"]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - the runner imports the graph; load it only when asked
+    if name in ("run_task", "TaskRun"):
+        from envace_mcp.eval import runner
+
+        return getattr(runner, name)
+    raise AttributeError(name)

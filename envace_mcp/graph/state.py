@@ -73,10 +73,17 @@ class EnvaceContext:
 
     `toolbox` is a `Toolbox` or `ToolboxScope` (an episode scope for the bundled servers); it may be
     `None` in simulated mode, where `tools` (catalog entries) describe what the agent can call.
+
+    For servers such as `langgraph dev`, where the context arrives as JSON, `model` and `servers`
+    name the services instead; they are loaded on first use (`ensure()`), once per process.
     """
 
-    policy: Any
+    policy: Any = None
     toolbox: Any = None
+    model: str | None = None
+    """Hugging Face id or folder for the policy when `policy` is not given (`None`: embedded model)."""
+    servers: str | None = None
+    """Path of an `mcpServers` JSON file for the toolbox when `toolbox` is not given."""
     tools: list[Any] | None = None
     gate: GateConfig = field(default_factory=GateConfig)
     mode: Mode = "real"
@@ -85,6 +92,14 @@ class EnvaceContext:
     sampling: dict[Role, SamplingParams] = field(default_factory=dict)
     memory_items: int = 8
     """Most recent rehearsal records rendered into the act prompt."""
+
+    def ensure(self) -> EnvaceContext:
+        """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use)."""
+        if self.policy is None:
+            self.policy = _shared_policy(self.model)
+        if self.toolbox is None and self.servers and self.mode != "simulated":
+            self.toolbox = _shared_toolbox(self.servers)
+        return self
 
     def catalog(self) -> list[Any]:
         if self.tools is not None:
@@ -95,3 +110,43 @@ class EnvaceContext:
 
     def spec(self, name: str) -> Any:
         return next((s for s in self.catalog() if s.name == name), None)
+
+
+_SHARED: dict[tuple[str, str | None], Any] = {}
+
+
+def _shared_policy(model: str | None) -> Any:
+    key = ("policy", model)
+    if key not in _SHARED:
+        from envace_mcp.policy import load_policy
+
+        _SHARED[key] = load_policy(model)
+    return _SHARED[key]
+
+
+def _shared_toolbox(servers: str) -> Any:
+    """A toolbox on its own event-loop thread, open for the life of the process (calls from any
+    loop are carried to it), closed at exit."""
+    key = ("toolbox", servers)
+    if key not in _SHARED:
+        import atexit
+        from contextlib import ExitStack
+
+        from envace_mcp.toolbox import blocking_toolbox
+
+        stack = ExitStack()
+        _SHARED[key] = stack.enter_context(blocking_toolbox(servers))
+        _STACKS.append(stack)
+        if len(_STACKS) == 1:
+            atexit.register(close_shared)
+    return _SHARED[key]
+
+
+_STACKS: list[Any] = []
+
+
+def close_shared() -> None:
+    """Close the process-wide services opened by `EnvaceContext.ensure()` (servers stop)."""
+    while _STACKS:
+        _STACKS.pop().close()
+    _SHARED.clear()

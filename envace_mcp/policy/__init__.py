@@ -41,6 +41,7 @@ __all__ = [
 
 
 def load_policy(model: str | None = None, *, adapter: str | None = None, **kwargs):  # noqa: ANN201
+    # keyword arguments go to TransformersPolicy (dtype, max_batch_size, role_sampling, seed, …)
     """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default."""
     from envace_mcp.policy.transformers_backend import TransformersPolicy
 

@@ -48,7 +48,7 @@ def simulated_reply(call: dict[str, Any], prediction: Prediction | None) -> Tool
 
 
 async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = runtime.context
+    ctx = runtime.context.ensure()
     call, record = payload["call"], payload["record"]
     prediction = Prediction(**record["prediction"]) if record.get("prediction") else None
     decision = record.get("decision", "execute")

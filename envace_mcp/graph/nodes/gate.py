@@ -14,7 +14,7 @@ from envace_mcp.policy.types import Prediction, ToolCall
 
 
 def gate(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = runtime.context
+    ctx = runtime.context.ensure()
     message = last_ai(state["messages"])
     assert message is not None
     records = {r["call_id"]: r for r in state.get("rehearsals", [])}

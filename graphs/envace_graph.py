@@ -1,0 +1,33 @@
+"""The EnvACE graph for `langgraph dev` / LangGraph Platform (see `graphs/langgraph.json`).
+
+Reading the graph or its schemas starts nothing: the model and the MCP servers are loaded on the
+first run, from the run's context (`{"servers": "mcp.json", "model": null, "mode": "real"}`) or
+from the environment (`ENVACE_SERVERS`, `ENVACE_MODEL`, `ENVACE_MODE`). The server supplies
+persistence, so the graph is compiled without a checkpointer here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from envace_mcp.graph import EnvaceContext, create_envace_graph
+from envace_mcp.graph.gate import Mode
+
+
+@dataclass
+class ServedContext(EnvaceContext):
+    """EnvaceContext whose services default to the environment."""
+
+    servers: str | None = field(default_factory=lambda: os.environ.get("ENVACE_SERVERS"))
+    model: str | None = field(default_factory=lambda: os.environ.get("ENVACE_MODEL"))
+    mode: Mode = field(default_factory=lambda: os.environ.get("ENVACE_MODE", "real"))  # type: ignore[assignment]
+
+
+def make_graph():  # noqa: ANN201 - a LangGraph graph factory
+    builder = create_envace_graph()
+    builder.context_schema = ServedContext
+    return builder.compile()
+
+
+graph = make_graph()

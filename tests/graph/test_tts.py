@@ -1,0 +1,92 @@
+"""Test-time rehearsal: imagined runs, critiques, memory, one committed real run."""
+
+import json
+
+import pytest
+
+from envace_mcp.eval import Episode
+from envace_mcp.graph import EnvaceContext, create_envace_graph
+from envace_mcp.graph.tts import rehearse_then_act
+from envace_mcp.policy import RehearseRequest
+from envace_mcp.testing import FunctionPolicy, ScriptedPolicy
+from envace_mcp.toolbox import Toolbox
+
+pytestmark = pytest.mark.anyio
+
+
+def call(name, **arguments):
+    return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+
+
+def savings_trap(task):
+    return call("transfer", **task.trap.arguments)
+
+
+async def test_parallel_rehearsal_critiques_each_attempt_and_the_real_run_avoids_the_pitfall(bank):
+    suite, task = bank
+    predicted_failure = ('<execution_result>{"error_tool_call": {"code": "EXECUTION_ERROR", '
+                         '"message": "savings would drop below $500"}}</execution_result>')
+    seen_memory = []
+
+    def act(request):
+        seen_memory.append(request.memory or "")
+        if "pitfalls: moving money out of savings" in (request.memory or ""):
+            return "I can't: savings must keep at least $500."
+        return savings_trap(task) if not request.messages else "Tried; it failed."
+
+    policy = FunctionPolicy(
+        act=act,
+        rehearse=lambda r: predicted_failure,
+        critique=lambda r: "VERDICT: failure\nPITFALLS: moving money out of savings below $500\nADVICE: refuse",
+    )
+    server = suite.build_server()
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": server}) as toolbox:
+        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
+                                instructions=suite.server_module.POLICY)
+        final, attempts = await rehearse_then_act(create_envace_graph(), task.instruction, context, n=2)
+        state = await episode.final_state(toolbox)
+    assert len(attempts) == 2 and all(a.critique.success is False for a in attempts)
+    assert all(a.state["rehearsals"][0]["decision"] == "simulate" for a in attempts)
+    assert final.get("real_calls", 0) == 0 and "at least $500" in final["final_answer"]
+    assert "Attempt 1 (failure)" in final["notes"] and "Attempt 2 (failure)" in final["notes"]
+    assert suite.check(task, state, final["final_answer"]).score == 1.0
+    roles = [role for role, _ in policy.calls]
+    assert roles.count("critique") == 2
+
+
+async def test_sequential_rehearsal_shows_each_attempt_the_earlier_ones(bank, bank_catalog):
+    suite, task = bank
+    policy = ScriptedPolicy(
+        act=["First idea.", "Second idea.", "Final answer."],
+        critique=["VERDICT: failure\nPITFALLS: too vague\nADVICE: be specific",
+                  "VERDICT: success\nPITFALLS: none\nADVICE: keep it"],
+    )
+    context = EnvaceContext(policy=policy, tools=bank_catalog, mode="simulated")
+    final, attempts = await rehearse_then_act(create_envace_graph(), task.instruction, context, n=2,
+                                              strategy="sequential")
+    policy.assert_complete()
+    act_requests = [req for role, req in policy.calls if role == "act"]
+    assert act_requests[0].memory is None
+    assert "Attempt 1 (failure)" in act_requests[1].memory and "too vague" in act_requests[1].memory
+    assert "Attempt 2 (success)" in act_requests[2].memory
+    critiques = [req for role, req in policy.calls if role == "critique"]
+    assert critiques[1].earlier == [attempts[0].critique.text]
+    assert final["final_answer"] == "Final answer."
+
+
+async def test_test_time_rehearsal_runs_with_the_real_embedded_model(bank):
+    from envace_mcp.policy import SamplingParams, load_policy
+
+    suite, task = bank
+    short = SamplingParams(max_new_tokens=16, temperature=0)
+    policy = load_policy(role_sampling={"act": short, "rehearse": short, "critique": short})
+    from envace_mcp.graph import GateConfig
+
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(Episode(task, "bank").meta),
+                                gate=GateConfig(max_steps=2))
+        final, attempts = await rehearse_then_act(create_envace_graph(), task.instruction, context, n=2)
+    assert len(attempts) == 2 and all(a.critique.text is not None for a in attempts)
+    assert final["notes"].startswith("Before acting you rehearsed this task 2 time(s)")
+    assert final["status"] in {"finished", "max_steps"}
