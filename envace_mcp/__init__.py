@@ -14,8 +14,33 @@ from envace_mcp.toolbox import (  # noqa: E402
     load_servers,
 )
 
+_LAZY = {
+    "create_envace_graph": "envace_mcp.graph",
+    "EnvaceContext": "envace_mcp.graph",
+    "GateConfig": "envace_mcp.graph",
+    "load_policy": "envace_mcp.policy",
+    "Policy": "envace_mcp.policy",
+    "SamplingParams": "envace_mcp.policy",
+}
+
+
+def __getattr__(name: str):  # noqa: ANN202 - graph and policy load langgraph/torch: only when asked
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'envace_mcp' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
+    # graph and policy (loaded on first use)
+    "create_envace_graph",
+    "EnvaceContext",
+    "GateConfig",
+    "load_policy",
+    "Policy",
+    "SamplingParams",
     # toolbox
     "Toolbox",
     "blocking_toolbox",

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from rich.console import Console
 
+from envace_mcp.graph.memory import shorten
+
 _DECISION_STYLE = {"execute": "green", "simulate": "cyan", "feedback": "yellow", "block": "red", "reject": "red",
                    "budget": "red", "ask": "magenta", "rejected_by_human": "red"}
-
-
-def _short(value: Any, limit: int = 240) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _prediction(p: dict[str, Any] | None) -> str:
     if not p:
         return "[dim]not rehearsed[/]"
     if p["status"] == "result":
-        return f"[cyan]predicts[/] {_short(p.get('result'))}"
+        return f"[cyan]predicts[/] {shorten(p.get('result'))}"
     if p["status"] == "tool_error":
-        return f"[yellow]predicts error[/] {p.get('code')}: {_short(p.get('message') or p.get('details') or '', 160)}"
+        return f"[yellow]predicts error[/] {p.get('code')}: {shorten(p.get('message') or p.get('details') or '', 160)}"
     return f"[dim]rehearsal unusable ({p.get('code')})[/]"
 
 
@@ -49,16 +45,16 @@ class Transcript:
     def _message(self, node: str, message: Any) -> None:
         if isinstance(message, AIMessage):
             for call in message.tool_calls:
-                self.console.print(f"[bold]agent →[/] {call['name']}({_short(call['args'], 200)})")
+                self.console.print(f"[bold]agent →[/] {call['name']}({shorten(call['args'], 200)})")
             if not message.tool_calls:
                 self.console.print(f"[bold]agent:[/] {message.content}")
         elif isinstance(message, HumanMessage) and node == "agent":
-            self.console.print(f"[yellow]format reminder:[/] {_short(message.content, 160)}")
+            self.console.print(f"[yellow]format reminder:[/] {shorten(message.content, 160)}")
         elif isinstance(message, ToolMessage) and node == "act":
             record = self.records.get(message.tool_call_id, {})
             colour = "red" if message.status == "error" else "green"
             label = "simulated" if record.get("decision") == "simulate" else "real" if record.get("real") else "reply"
-            line = f"   [{colour}]{label}:[/] {_short(message.content)}"
+            line = f"   [{colour}]{label}:[/] {shorten(message.content)}"
             match = record.get("match")
             if match is not None:
                 line += " [green](matched)[/]" if match >= 0.999 else f" [bold red]MISMATCH {match:.2f}[/] {record.get('mismatches', [])[:4]}"

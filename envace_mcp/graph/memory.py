@@ -22,7 +22,8 @@ from envace_mcp.graph.state import RehearsalRecord
 _STOPPED = {"feedback", "block", "reject", "budget", "rejected_by_human"}
 
 
-def _short(value: Any, limit: int = 160) -> str:
+def shorten(value: Any, limit: int = 160) -> str:
+    """One line of JSON-ish text, cut with an ellipsis."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -32,24 +33,24 @@ def _predicted(prediction: dict[str, Any] | None) -> str:
         return "not rehearsed"
     status = prediction.get("status")
     if status == "result":
-        return f"predicted {_short(prediction.get('result'))}"
+        return f"predicted {shorten(prediction.get('result'))}"
     if status == "tool_error":
         detail = prediction.get("message") or prediction.get("details") or ""
-        return f"predicted error {prediction.get('code')}: {_short(detail, 100)}"
+        return f"predicted error {prediction.get('code')}: {shorten(detail, 100)}"
     return f"rehearsal unusable ({prediction.get('code')})"
 
 
 def render_line(record: RehearsalRecord) -> str:
-    call = f"{record.get('tool')}({_short(record.get('arguments', {}), 120)})"
+    call = f"{record.get('tool')}({shorten(record.get('arguments', {}), 120)})"
     parts = [f"- {call}: {_predicted(record.get('prediction'))}"]
     decision = record.get("decision")
     if decision:
-        parts.append(f"gate: {decision} ({_short(record.get('reason', ''), 100)})")
+        parts.append(f"gate: {decision} ({shorten(record.get('reason', ''), 100)})")
     real = record.get("real")
     if real is not None:
         outcome = "error" if real.get("is_error") else "ok"
         text = real.get("structured_content") if real.get("structured_content") is not None else real.get("content")
-        parts.append(f"real {outcome}: {_short(text, 120)}")
+        parts.append(f"real {outcome}: {shorten(text, 120)}")
         match = record.get("match")
         if match is not None:
             parts.append("matched" if match >= 0.999 else f"MISMATCH (fidelity {match:.2f})")
