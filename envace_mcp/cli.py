@@ -27,6 +27,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agents that 
 servers_app = typer.Typer(no_args_is_help=True, help="MCP servers: list tools, print configs, serve the bundled ones.")
 tasks_app = typer.Typer(no_args_is_help=True, help="The bundled task suites.")
 policy_app = typer.Typer(no_args_is_help=True, help="The policy model: try its roles against real tools.")
+traces_app = typer.Typer(no_args_is_help=True, help="Recorded runs: list, show, summarise.")
+app.add_typer(traces_app, name="traces")
 app.add_typer(servers_app, name="servers")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(policy_app, name="policy")
@@ -224,6 +226,7 @@ def demo(
     rehearse: Annotated[int, typer.Option(help="imagined runs before the real one (test-time rehearsal)")] = 0,
     max_steps: int = 4,
     max_new_tokens: int = 96,
+    traces: Annotated[Optional[Path], typer.Option(help="record the run into this trace folder")] = None,
 ) -> None:
     """The main job: the agent (embedded model by default) solves a bundled server's test task over a
     real MCP transport, with every call's rehearsal, gate decision and real result shown, then the
@@ -263,10 +266,15 @@ def demo(
                         policy = load_policy(model, adapter=adapter)
                     except EnvaceError as exc:
                         _fail(exc)
+                from envace_mcp.traces import TraceStore
+
                 run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=_gate(None, max_steps=max_steps),
                                      rehearse_n=rehearse, on_update=Transcript(console).update,
-                                     sampling=_sampling(max_new_tokens, 0.0, 0))
+                                     sampling=_sampling(max_new_tokens, 0.0, 0),
+                                     store=TraceStore(traces) if traces else None)
                 verdict = run.verdict
+                if traces:
+                    console.print(f"[dim]recorded run {run.trace.run_id} in {traces}[/]")
                 console.print(f"\nreference answer: {task.answer}")
             for check in verdict.checks:
                 console.print(f"  {'[green]✓' if check.passed else '[red]✗'}[/] {check.name} {check.detail}")
@@ -295,6 +303,7 @@ def run_command(
     max_new_tokens: int = 160,
     temperature: float = 0.0,
     seed: int = 0,
+    traces: Annotated[Optional[Path], typer.Option(help="record the run into this trace folder")] = None,
 ) -> None:
     """Run the EnvACE agent on a task: each proposed call, its rehearsal, the gate's decision and the
     real result, mismatches highlighted. Approvals are asked on the terminal."""
@@ -302,10 +311,10 @@ def run_command(
         _fail(ValueError("--mode must be real, simulated or mixed; --strategy parallel or sequential"))
     gate_config = _gate(gate)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter, mode, rehearse, strategy, gate_config,
-              _sampling(max_new_tokens, temperature, seed))
+              _sampling(max_new_tokens, temperature, seed), traces)
 
 
-async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling) -> None:  # noqa: ANN001
+async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces) -> None:  # noqa: ANN001
     from langchain_core.messages import HumanMessage
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.types import Command
@@ -331,10 +340,17 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
                 console.print(f"[dim]rehearsing {rehearse} imagined run(s) ({strategy}) …[/]")
                 notes = condense(await imagine(create_envace_graph(), task, context, n=rehearse, strategy=strategy))
                 console.print(notes)
+            from envace_mcp.traces import TraceRecorder, TraceStore
+
             transcript = Transcript(console)
+            recorder = TraceRecorder(context=context, rehearsal={"n": rehearse, "strategy": strategy} if rehearse else {})
             payload: Any = {"messages": [HumanMessage(content=task)], **({"notes": notes} if notes else {})}
             while True:
-                async for chunk in graph.astream(payload, config, context=context, stream_mode="updates"):
+                async for kind, chunk in graph.astream(payload, config, context=context,
+                                                       stream_mode=["updates", "custom", "values"]):
+                    recorder.observe(kind, chunk)
+                    if kind != "updates":
+                        continue
                     for node, update in chunk.items():
                         if node != "__interrupt__":
                             transcript.update(node, update)
@@ -350,6 +366,10 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
                     answers[item.id] = sys.stdin.isatty() and typer.confirm("run it?", default=False)
                 payload = Command(resume=answers)
             final = snapshot.values
+            trace = recorder.finish(final, status="finished")
+            if traces:
+                TraceStore(traces).append(trace)
+                console.print(f"[dim]recorded run {trace.run_id} in {traces}[/]")
     except EnvaceError as exc:
         _fail(exc)
     console.print(f"\n[bold]final answer:[/] {final.get('final_answer')}  [dim]({final.get('status')}, "
@@ -448,6 +468,133 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
     match = compare(p, real)
     console.print(f"fidelity: {match.score:.2f} ({match.matched}/{match.fields} fields, status match: {match.status_match})"
                   f"  tokens: {len(gen.prompt_ids or [])} prompt + {len(gen.completion_ids or [])} generated")
+
+
+TracesDir = Annotated[Path, typer.Argument(help="a trace folder")]
+
+
+def _store(directory: Path) -> Any:
+    from envace_mcp.traces import TraceStore
+
+    if not directory.exists():
+        _fail(ValueError(f"trace folder {str(directory)!r} does not exist"))
+    return TraceStore(directory)
+
+
+def _report_problems(store: Any) -> None:
+    for problem in store.problems:
+        console.print(f"[yellow]warning:[/] {problem}")
+
+
+@traces_app.command("ls")
+def traces_ls(
+    directory: TracesDir,
+    suite: Optional[str] = None,
+    task: Optional[str] = None,
+    status: Optional[str] = None,
+    limit: int = 50,
+) -> None:
+    """A table of recorded runs (newest last)."""
+    store = _store(directory)
+    table = Table(title=f"runs in {directory}")
+    for col in ("run", "task", "group", "mode", "status", "task reward", "steps", "real calls", "started"):
+        table.add_column(col)
+    import datetime
+
+    shown = 0
+    for trace in store.read(suite=suite, task=task, status=status):
+        if shown >= limit:
+            break
+        shown += 1
+        reward = trace.reward("task")
+        real = sum(1 for s in trace.steps if s.role == "tool" and not s.simulated and s.result and s.decision != "simulate")
+        when = datetime.datetime.fromtimestamp(trace.started_at).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(trace.run_id[:12], trace.task_id or "-", trace.group_id or "-", trace.mode, trace.status,
+                      "-" if reward is None or reward.value is None else f"{reward.value:.2f}", str(len(trace.steps)),
+                      str(real), when)
+    console.print(table)
+    _report_problems(store)
+
+
+@traces_app.command("show")
+def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is enough)")],
+                directory: Annotated[Path, typer.Option("--dir", help="trace folder")] = Path("traces")) -> None:
+    """One run as a transcript: each call's rehearsal beside what really happened."""
+    store = _store(directory)
+    try:
+        trace = store.get(run)
+    except EnvaceError as exc:
+        _fail(exc)
+    console.print(f"[bold]{trace.run_id}[/] {trace.task_id or ''} ({trace.mode}, {trace.status}, model {trace.model})")
+    if trace.task:
+        console.print(f"[italic]{trace.task}[/]")
+    predictions: dict[str, Any] = {}
+    for step in trace.steps:
+        if step.role == "act":
+            calls = (step.parsed or {}).get("tool_calls") or []
+            for call in calls:
+                console.print(f"[bold]act →[/] {call['name']}({json.dumps(call.get('arguments'))[:200]})")
+            if not calls:
+                console.print(f"[bold]act:[/] {(step.text or '')[:300]}")
+        elif step.role == "rehearse":
+            predictions[step.call_id] = step.parsed
+            p = step.parsed or {}
+            shown = p.get("result") if p.get("status") != "invalid" else f"unusable ({p.get('code')})"
+            console.print(f"   [cyan]rehearsed:[/] {json.dumps(shown)[:240]}")
+        elif step.role == "gate":
+            console.print(f"   gate: {step.decision} — {step.reason}")
+        elif step.role == "tool":
+            result = step.result or {}
+            text = result.get("structured_content") or "".join(b.get("text", "") for b in result.get("content", []))
+            label = "simulated" if step.simulated else "real"
+            line = f"   [{'red' if result.get('is_error') else 'green'}]{label}:[/] {json.dumps(text)[:240]}"
+            if step.comparison is not None:
+                line += (" [green](matched)[/]" if step.comparison.score >= 0.999 else
+                         f" [bold red]MISMATCH {step.comparison.score:.2f}[/] {step.comparison.mismatches[:4]}")
+            console.print(line)
+        elif step.role == "critique":
+            console.print(f"   [magenta]critique:[/] {(step.text or '')[:240]}")
+    console.print(f"final answer: {trace.final_answer}")
+    for reward in trace.rewards:
+        console.print(f"reward {reward.name}: {reward.value}")
+    if trace.error:
+        console.print(f"[red]error:[/] {trace.error}")
+
+
+@traces_app.command("stats")
+def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
+    """Counts, success rate, rehearsal fidelity, tokens, real calls made and avoided."""
+    store = _store(directory)
+    runs, rewards, fidelity, tokens, real, avoided, generations = 0, [], [], 0, 0, 0, 0
+    statuses: dict[str, int] = {}
+    for trace in store.read(suite=suite):
+        runs += 1
+        statuses[trace.status] = statuses.get(trace.status, 0) + 1
+        reward = trace.reward("task")
+        if reward is not None and reward.value is not None:
+            rewards.append(reward.value)
+        for step in trace.steps:
+            if step.prompt_ids is not None or step.completion_ids is not None:
+                generations += 1
+                tokens += len(step.prompt_ids or []) + len(step.completion_ids or [])
+            if step.role == "tool" and step.comparison is not None:
+                fidelity.append(step.comparison.score)
+            if step.role == "tool" and not step.simulated and step.decision not in ("feedback", "block", "reject", "budget", "rejected_by_human"):
+                real += 1
+            if step.role == "gate" and step.decision in ("feedback", "block", "reject", "budget", "simulate", "rejected_by_human"):
+                avoided += 1
+    table = Table(title=f"{runs} runs in {directory}")
+    table.add_column("measure")
+    table.add_column("value")
+    table.add_row("status", ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "-")
+    table.add_row("success rate (task reward = 1)", f"{sum(r >= 1.0 for r in rewards) / len(rewards):.1%}" if rewards else "-")
+    table.add_row("mean task reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-")
+    table.add_row("rehearsal fidelity (mean match)", f"{sum(fidelity) / len(fidelity):.3f} over {len(fidelity)} calls" if fidelity else "-")
+    table.add_row("tokens (prompt + completion)", f"{tokens} in {generations} generations")
+    table.add_row("real calls made", str(real))
+    table.add_row("real calls avoided by the gate", str(avoided))
+    console.print(table)
+    _report_problems(store)
 
 
 def main() -> None:

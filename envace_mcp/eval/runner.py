@@ -20,6 +20,7 @@ class TaskRun:
     state: dict[str, Any]
     verdict: CheckResult
     attempts: list[Any]
+    trace: Any = None
 
 
 async def run_task(
@@ -34,9 +35,15 @@ async def run_task(
     strategy: Literal["parallel", "sequential"] = "parallel",
     on_update: Any = None,
     sampling: dict[str, Any] | None = None,
+    store: Any = None,
+    group_id: str | None = None,
 ) -> TaskRun:
-    """Run the agent on `task` against `toolbox` (one fresh episode), then check the final state."""
-    from envace_mcp.graph.tts import rehearse_then_act
+    """Run the agent on `task` against `toolbox` (one fresh episode), then check the final state.
+
+    With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
+    attached as the `task` reward."""
+    from envace_mcp.graph.tts import condense, imagine
+    from envace_mcp.traces import Reward, TraceRecorder
 
     episode = Episode(task, suite.name)
     context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate or GateConfig(),
@@ -44,16 +51,26 @@ async def run_task(
     graph = create_envace_graph()
     attempts: list[Any] = []
     if rehearse_n > 0:
-        state, attempts = await rehearse_then_act(graph, task.instruction, context, n=rehearse_n, strategy=strategy)
-    else:
-        state = {}
-        async for kind, chunk in graph.compile().astream({"messages": [HumanMessage(content=task.instruction)]},
-                                                         context=context, stream_mode=["updates", "values"]):
-            if kind == "values":
-                state = chunk
-            elif on_update is not None:
+        attempts = await imagine(graph, task.instruction, context, n=rehearse_n, strategy=strategy)
+    recorder = TraceRecorder(context=context, task_id=task.id, suite=suite.name, group_id=group_id,
+                             rehearsal={"n": rehearse_n, "strategy": strategy} if rehearse_n else {})
+    notes = {"notes": condense(attempts)} if attempts else {}
+    try:
+        async for kind, chunk in graph.compile().astream({"messages": [HumanMessage(content=task.instruction)], **notes},
+                                                         context=context, stream_mode=["updates", "custom", "values"]):
+            recorder.observe(kind, chunk)
+            if kind == "updates" and on_update is not None:
                 for node, update in chunk.items():
                     on_update(node, update)
+    except BaseException as exc:
+        if store is not None:
+            store.append(recorder.finish(status="failed", error=f"{type(exc).__name__}: {exc}"))
+        raise
+    state = recorder.state
     final = await episode.final_state(toolbox)
-    answer = state.get("final_answer") or ""
-    return TaskRun(task=task, episode=episode, state=state, verdict=suite.check(task, final, answer), attempts=attempts)
+    verdict = suite.check(task, final, state.get("final_answer") or "")
+    trace = recorder.finish()
+    trace.rewards.append(Reward(name="task", value=verdict.score, details=verdict.to_dict()))
+    if store is not None:
+        store.append(trace)
+    return TaskRun(task=task, episode=episode, state=state, verdict=verdict, attempts=attempts, trace=trace)

@@ -36,7 +36,7 @@ async def rehearse_gate_act(context: EnvaceContext, messages: list[Any], ai: AIM
     if context.gate.require_approval != "never" or context.gate.approve_blocked:
         raise UserError("human approval needs the EnvACE graph (create_envace_graph): a drop-in node re-runs "
                         "whole on resume, which would rehearse and execute again")
-    runtime = SimpleNamespace(context=context, stream_writer=None)
+    runtime = SimpleNamespace(context=context, stream_writer=_stream_writer())
     state: dict[str, Any] = {"messages": [*messages, ai], "rehearsals": list(history or []), "steps": 0,
                              "real_calls": 0, "rehearsal_count": 0}
     update = await rehearse(state, runtime)  # type: ignore[arg-type]
@@ -61,6 +61,16 @@ async def rehearse_gate_act(context: EnvaceContext, messages: list[Any], ai: AIM
     for reply in replies:
         reply.additional_kwargs["envace_rehearsal"] = next(r for r in mine if r["call_id"] == reply.tool_call_id)
     return replies, mine
+
+
+def _stream_writer() -> Any:
+    """The running graph's `custom` stream (trace recorders read generations there), if any."""
+    try:
+        from langgraph.config import get_stream_writer
+
+        return get_stream_writer()
+    except (RuntimeError, ImportError):
+        return None
 
 
 def _observed(call: dict[str, Any], record: RehearsalRecord, reply: Any) -> RehearsalRecord:

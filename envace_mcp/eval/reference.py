@@ -1,0 +1,52 @@
+"""Reference solutions as role functions: what a perfect agent and a perfect simulator would say.
+
+`reference_roles(suite, task)` returns `act` and `rehearse` functions for `ForcedPolicy`: the act role
+makes the task's reference calls one per turn, then gives the reference answer; the rehearse role
+predicts exactly what the server will return (computed with the domain's own functions on a replay
+of the calls so far). Replayed through the graph in real mode, they produce the traces SFT learns
+from — act tokens from successful runs, rehearse tokens matched to real results.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.messages import AIMessage
+
+from envace_mcp.eval.suites import Suite
+from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.types import ActRequest, RehearseRequest
+from envace_mcp.servers._common import DomainError, Task
+
+
+def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
+                    actions: list[Any] | None = None) -> dict[str, Callable[[Any], str]]:
+    steps = list(task.actions if actions is None else actions)
+
+    def act(request: ActRequest) -> str:
+        done = sum(1 for m in request.messages if isinstance(m, AIMessage) and m.tool_calls)
+        if done < len(steps):
+            action = steps[done]
+            return tool_call_text(action.tool, action.arguments)
+        return task.answer if answer is None else answer
+
+    def rehearse(request: RehearseRequest) -> str:
+        state = copy.deepcopy(task.initial_state)
+        done = sum(1 for m in request.history if isinstance(m, AIMessage) and m.tool_calls)
+        for action in steps[:done]:
+            try:
+                suite.server_module.apply(state, action.tool, dict(action.arguments))
+            except DomainError:
+                pass
+        try:
+            result = suite.server_module.apply(state, request.call.name, dict(request.call.arguments))
+        except DomainError as exc:
+            result = {"error_tool_call": {"code": "EXECUTION_ERROR", "message": str(exc)}}
+        except (KeyError, TypeError) as exc:
+            result = {"error_tool_call": {"code": "INVALID_PARAMETERS", "details": str(exc)}}
+        return f"<execution_result>{json.dumps(result, ensure_ascii=False)}</execution_result>"
+
+    return {"act": act, "rehearse": rehearse}

@@ -1,0 +1,19 @@
+"""Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
+rewards), stored crash-safely, read back for inspection and training."""
+
+from envace_mcp.traces.recorder import TraceRecorder, record_run
+from envace_mcp.traces.schema import SCHEMA_VERSION, Comparison, Reward, Step, Trace, read_trace
+from envace_mcp.traces.store import TraceStore, to_dataset
+
+__all__ = [
+    "Trace",
+    "Step",
+    "Reward",
+    "Comparison",
+    "SCHEMA_VERSION",
+    "read_trace",
+    "TraceRecorder",
+    "record_run",
+    "TraceStore",
+    "to_dataset",
+]

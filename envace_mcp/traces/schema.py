@@ -1,0 +1,129 @@
+"""The trace format: the contract between the graph (which records) and the trainer (which reads).
+
+One `Trace` per graph run; its `steps` in order. A step is one of:
+- `act` / `rehearse` / `critique`: a model generation — rendered prompt (text and token ids), completion
+  token ids, per-token sampling logprobs, decoded text, the parsed output, sampling settings;
+- `gate`: the gate's decision and reason for one proposed call;
+- `tool`: what answered a call — a real MCP result (content, structured content, is_error, error kind,
+  latency) or, when simulated, the rehearsal — plus the prediction-vs-real comparison when both exist.
+
+Versioned: `schema_version` is bumped on any change of meaning, and `read_trace` upgrades older
+versions. `docs/trace.schema.json` is generated from these models (`python -m envace_mcp.traces.schema`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+StepRole = Literal["act", "rehearse", "critique", "gate", "tool"]
+RunStatus = Literal["finished", "interrupted", "failed"]
+
+
+class Comparison(BaseModel):
+    """How a rehearsal compared with reality (`envace_mcp.policy.fidelity.compare`)."""
+
+    score: float
+    status_match: bool | None = None
+    mismatches: list[str] = Field(default_factory=list)
+
+
+class Step(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    index: int
+    role: StepRole
+    node: str | None = None
+    call_id: str | None = None
+    time: float
+    """Unix time the step was recorded."""
+    # generations
+    prompt_text: str | None = None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    text: str | None = None
+    parsed: Any = None
+    """`ActOutput` / `Prediction` / `Critique` as JSON for generations."""
+    sampling: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    # calls
+    tool: str | None = None
+    arguments: Any = None
+    result: dict[str, Any] | None = None
+    """`ToolResult` as JSON for real calls; the rehearsal for simulated ones."""
+    simulated: bool = False
+    decision: str | None = None
+    reason: str | None = None
+    comparison: Comparison | None = None
+
+
+class Reward(BaseModel):
+    """A named score of a run; `value=None` means "could not score", never 0."""
+
+    name: str
+    value: float | None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    task_id: str | None = None
+    suite: str | None = None
+    group_id: str | None = None
+    """Runs of one GRPO group share it."""
+    mode: Literal["real", "simulated", "mixed"] = "real"
+    model: str | None = None
+    model_revision: str | None = None
+    adapter: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """Per role (`act`, `rehearse`, `critique`)."""
+    gate: dict[str, Any] = Field(default_factory=dict)
+    rehearsal: dict[str, Any] = Field(default_factory=dict)
+    """Test-time rehearsal settings (`n`, `strategy`) when used."""
+    task: str | None = None
+    started_at: float
+    ended_at: float | None = None
+    final_answer: str | None = None
+    status: RunStatus = "finished"
+    error: str | None = None
+    rewards: list[Reward] = Field(default_factory=list)
+    steps: list[Step] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def reward(self, name: str) -> Reward | None:
+        return next((r for r in reversed(self.rewards) if r.name == name), None)
+
+    def steps_of(self, role: StepRole) -> list[Step]:
+        return [s for s in self.steps if s.role == role]
+
+
+def read_trace(data: dict[str, Any]) -> Trace:
+    """A trace from its JSON, upgrading older schema versions (none exist yet besides 1)."""
+    version = data.get("schema_version", 1)
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"trace schema version {version} is newer than this envace-mcp reads ({SCHEMA_VERSION})")
+    return Trace.model_validate(data)
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Trace.model_json_schema()
+    schema["$id"] = f"https://envace-mcp/trace/v{SCHEMA_VERSION}.json"
+    schema["description"] = (__doc__ or "").strip().split("\n\n")[0]
+    return schema
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/trace.schema.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(json_schema(), indent=2) + "\n")
+    print(f"wrote {target}")
