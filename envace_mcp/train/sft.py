@@ -1,0 +1,123 @@
+"""SFT warm start from recorded runs (behaviour cloning), LoRA or full fine-tune.
+
+Rows (`sft_rows`):
+- act turns of successful runs (task reward ≥ `min_reward`), the tokens the model produced;
+- rehearse turns of any run whose call really ran, with the target replaced by the **real** result
+  as `<execution_result>…</execution_result>` (the world model learns the environment from what
+  actually happened, not from what it guessed). Rehearsals of calls that never ran are skipped.
+Loss: cross-entropy on target tokens only (prompt tokens are masked), mean over target tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace_mcp.traces.schema import Trace
+from envace_mcp.train.rows import Segment, collate
+
+
+def real_result_text(result: dict[str, Any]) -> str:
+    """A real tool result as the rehearse role should have written it."""
+    if result.get("is_error"):
+        message = "".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
+        payload: Any = {"error_tool_call": {"code": "EXECUTION_ERROR", "message": message}}
+    elif result.get("structured_content") is not None:
+        payload = result["structured_content"]
+    else:
+        text = "".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = {"result": text}
+    return f"<execution_result>{json.dumps(payload, ensure_ascii=False)}</execution_result>"
+
+
+def sft_rows(traces: Iterable[Trace], encode: Callable[[str], list[int]], end_id: int, *, reward: str = "task",
+             min_reward: float = 1.0, roles: tuple[str, ...] = ("act", "rehearse")) -> list[Segment]:
+    rows: list[Segment] = []
+    for trace in traces:
+        found = trace.reward(reward)
+        success = found is not None and found.value is not None and found.value >= min_reward
+        real = {s.call_id: s.result for s in trace.steps
+                if s.role == "tool" and not s.simulated and s.result is not None and s.decision != "simulate"}
+        for step in trace.steps:
+            if step.prompt_ids is None or step.role not in roles:
+                continue
+            if step.role == "act" and success and step.completion_ids:
+                target = list(step.completion_ids)
+            elif step.role == "rehearse" and step.call_id in real:
+                target = encode(real_result_text(real[step.call_id])) + [end_id]
+            else:
+                continue
+            rows.append(Segment(run_id=trace.run_id, task_id=trace.task_id, group_id=trace.group_id, role=step.role,
+                                prompt_ids=list(step.prompt_ids), completion_ids=target, old_logprobs=None,
+                                reward=found.value if found else None))
+    return rows
+
+
+@dataclass
+class SFTConfig:
+    """SFT settings; each default with its reason."""
+
+    epochs: int = 2
+    """Two passes fit a few hundred reference runs without memorising them."""
+    lr: float = 2e-4
+    """A usual LoRA learning rate; use ~1e-5 for a full fine-tune."""
+    batch_size: int = 4
+    """Small: CPU memory, and prompts are long (tool schemas)."""
+    lora: bool = True
+    """LoRA keeps the base model shared and the adapter small enough to ship."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    seed: int = 0
+    max_grad_norm: float = 1.0
+
+
+def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int) -> torch.Tensor:
+    batch = collate(rows, pad_id)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]  # [B, L-1, V]
+    losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # [B, L-1]
+    return (losses * batch.completion_mask).sum() / batch.completion_mask.sum().clamp(min=1.0)
+
+
+def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *, out: Path | None = None,
+              on_step: Callable[[dict[str, float]], None] | None = None) -> Any:
+    """Fine-tune `model` on `rows`; returns the trained (peft-wrapped when LoRA) model."""
+    torch.manual_seed(config.seed)
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                                 target_modules=config.lora_targets, task_type="CAUSAL_LM"))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr)
+    order = list(range(len(rows)))
+    rng = random.Random(config.seed)
+    step = 0
+    for epoch in range(config.epochs):
+        rng.shuffle(order)
+        for start in range(0, len(order), config.batch_size):
+            chunk = [rows[i] for i in order[start: start + config.batch_size]]
+            loss = sft_loss(model, chunk, pad_id)
+            optimizer.zero_grad()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            step += 1
+            if on_step is not None:
+                on_step({"step": step, "epoch": epoch, "loss": float(loss), "grad_norm": float(norm),
+                         "tokens": float(sum(len(r.completion_ids) for r in chunk))})
+    model.eval()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+    return model

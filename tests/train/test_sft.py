@@ -1,0 +1,75 @@
+"""SFT from recorded runs on the tiny Qwen3: rows, targets from real results, loss going down."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envace_mcp.traces import TraceStore
+from envace_mcp.train.sft import SFTConfig, real_result_text, sft_loss, sft_rows, train_sft
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "traces"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.testing import build_tiny_qwen3
+
+    folder = build_tiny_qwen3(tmp_path_factory.mktemp("tiny"))
+    return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder), folder
+
+
+def test_rows_take_act_turns_of_successful_runs_and_rehearsals_aimed_at_real_results(tiny):
+    _, tokenizer, _ = tiny
+    traces = list(TraceStore(FIXTURES).read())
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = sft_rows(traces, encode, tokenizer.eos_token_id)
+    successful = {t.run_id for t in traces if t.reward("task").value == 1.0}
+    assert {r.run_id for r in rows if r.role == "act"} == successful
+    rehearse = [r for r in rows if r.role == "rehearse"]
+    assert rehearse and all(r.completion_ids[-1] == tokenizer.eos_token_id for r in rehearse)
+    tool = next(s for t in traces for s in t.steps if s.role == "tool")
+    text = tokenizer.decode(rehearse[0].completion_ids[:-1])
+    assert text == real_result_text(tool.result)
+    assert json.loads(text.removeprefix("<execution_result>").removesuffix("</execution_result>"))["amount"] == 420.0
+
+
+def test_error_results_become_execution_error_targets():
+    text = real_result_text({"is_error": True, "content": [{"type": "text", "text": "Insufficient funds"}]})
+    assert json.loads(text[len("<execution_result>"):-len("</execution_result>")]) == {
+        "error_tool_call": {"code": "EXECUTION_ERROR", "message": "Insufficient funds"}}
+
+
+def test_sft_lowers_the_loss_on_target_tokens(tiny):
+    from transformers import AutoModelForCausalLM
+
+    _, tokenizer, folder = tiny
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = sft_rows(TraceStore(FIXTURES).read(), encode, tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    before = float(sft_loss(model, rows, tokenizer.pad_token_id))
+    seen = []
+    trained = train_sft(model, rows, tokenizer.pad_token_id, SFTConfig(epochs=12, lr=1e-2, batch_size=2, lora=False),
+                        on_step=seen.append)
+    after = float(sft_loss(trained, rows, tokenizer.pad_token_id))
+    assert after < before * 0.5 and len(seen) == 12 * ((len(rows) + 1) // 2)
+
+
+def test_lora_sft_trains_only_the_adapter_and_saves_it(tiny, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, tokenizer, folder = tiny
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = sft_rows(TraceStore(FIXTURES).read(), encode, tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    before = float(sft_loss(model, rows, tokenizer.pad_token_id))
+    trained = train_sft(model, rows, tokenizer.pad_token_id, SFTConfig(epochs=2, lr=1e-2, batch_size=2),
+                        out=tmp_path / "adapter")
+    assert float(sft_loss(trained, rows, tokenizer.pad_token_id)) < before
+    frozen = trained.get_base_model()
+    assert all(torch.equal(base[n], p) for n, p in frozen.named_parameters() if "lora_" not in n and n in base)
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
