@@ -29,6 +29,8 @@ tasks_app = typer.Typer(no_args_is_help=True, help="The bundled task suites.")
 policy_app = typer.Typer(no_args_is_help=True, help="The policy model: try its roles against real tools.")
 traces_app = typer.Typer(no_args_is_help=True, help="Recorded runs: list, show, summarise.")
 app.add_typer(traces_app, name="traces")
+train_app = typer.Typer(no_args_is_help=True, help="Training from recorded runs: SFT warm start, offline GRPO.")
+app.add_typer(train_app, name="train")
 app.add_typer(servers_app, name="servers")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(policy_app, name="policy")
@@ -595,6 +597,97 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
     table.add_row("real calls avoided by the gate", str(avoided))
     console.print(table)
     _report_problems(store)
+
+
+@traces_app.command("reference")
+def traces_reference(
+    out: Annotated[Path, typer.Argument(help="trace folder to write")],
+    suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
+    split: Annotated[str, typer.Option(help="train or test")] = "train",
+    limit: Annotated[Optional[int], typer.Option(help="only the first N tasks")] = None,
+    model: Annotated[Optional[str], typer.Option(help="tokenizer/model for token ids and logprobs")] = None,
+) -> None:
+    """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
+    from rich.progress import Progress
+
+    from envace_mcp.policy import load_policy
+    from envace_mcp.train.reference import record_reference_traces
+
+    _suite(suite)
+    policy = load_policy(model)
+    with Progress(console=console) as progress:
+        bar = progress.add_task(f"{suite} {split} references", total=limit or len(_suite(suite).split(split)))
+        written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit,
+                                                            on_task=lambda *_: progress.advance(bar)))
+    console.print(f"wrote {written} runs to {out}")
+
+
+@train_app.command("sft")
+def train_sft_command(
+    traces: Annotated[Path, typer.Option(help="trace folder (e.g. from `envace traces reference`)")],
+    out: Annotated[Path, typer.Option(help="where the adapter (or model) is saved")],
+    model: Annotated[Optional[str], typer.Option(help="base model (default: embedded SmolLM2)")] = None,
+    full: Annotated[bool, typer.Option("--full", help="full fine-tune instead of LoRA")] = False,
+    epochs: int = 2,
+    lr: Optional[float] = None,
+    batch_size: int = 4,
+    min_reward: float = 1.0,
+) -> None:
+    """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
+    from rich.progress import Progress
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.policy.embedded import embedded_model_dir
+    from envace_mcp.train.sft import SFTConfig, sft_rows, train_sft
+
+    name = model or str(embedded_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    lm = AutoModelForCausalLM.from_pretrained(name)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rows = sft_rows(_store(traces).read(), encode, end if isinstance(end, int) else tokenizer.eos_token_id,
+                    min_reward=min_reward)
+    if not rows:
+        _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
+    config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5))
+    out.mkdir(parents=True, exist_ok=True)
+    with Progress(console=console) as progress, open(out / "metrics.jsonl", "w") as log:
+        bar = progress.add_task("SFT", total=config.epochs * ((len(rows) + batch_size - 1) // batch_size))
+
+        def on_step(m: dict[str, float]) -> None:
+            log.write(json.dumps(m) + "\n")
+            progress.update(bar, advance=1, description=f"SFT loss {m['loss']:.3f}")
+
+        train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)
+    tokenizer.save_pretrained(out)
+    console.print(f"trained on {len(rows)} rows; saved to {out}")
+
+
+@train_app.command("grpo")
+def train_grpo_command(
+    traces: Annotated[Path, typer.Option(help="trace folder with grouped, rewarded runs (offline GRPO)")],
+    out: Annotated[Path, typer.Option(help="checkpoints, metrics.jsonl and metrics.png go here")],
+    config: Annotated[Optional[Path], typer.Option(help="GRPOConfig as JSON (every field optional)")] = None,
+    steps: Optional[int] = None,
+) -> None:
+    """EnvACE role-wise GRPO from recorded runs; re-running with the same --out resumes."""
+    from pydantic import ValidationError
+
+    from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
+
+    try:
+        settings = GRPOConfig(**(json.loads(config.read_text()) if config else {}))
+    except (ValidationError, ValueError, OSError) as exc:
+        _fail(ValueError(f"bad GRPO config: {exc}"))
+    if steps is not None:
+        settings.steps = steps
+    try:
+        records = OfflineGRPO(settings, _store(traces).directory, out).run(progress=True)
+    except EnvaceError as exc:
+        _fail(exc)
+    if records:
+        console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
+                      f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
 
 
 def main() -> None:

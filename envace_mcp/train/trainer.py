@@ -1,0 +1,247 @@
+"""Offline EnvACE GRPO: updates from recorded runs on disk, with checkpoints that resume bit-for-bit.
+
+Groups are the traces' `group_id` (one task's K runs); the recorded sampling logprobs are the old
+logprobs; each step takes `groups_per_step` groups in a seeded order, computes role-wise advantages
+(or standard trajectory-level ones), and makes one optimizer step over all their segments
+(micro-batched). Metrics go to `metrics.jsonl` per step, a PNG plot sits next to the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from envace_mcp.errors import UserError
+from envace_mcp.traces import TraceStore
+from envace_mcp.train.grpo import grpo_loss, role_advantages
+from envace_mcp.train.rows import ROLE_INDEX, Segment, batch_logprobs, collate, segments
+
+
+class GRPOConfig(BaseModel):
+    """One config file for GRPO (JSON). Every default says why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    """Hugging Face id or folder; None = the embedded SmolLM2 (what the traces were recorded with)."""
+    adapter: str | None = None
+    """Start from this LoRA adapter (e.g. the SFT warm start)."""
+    lora: bool = True
+    """Train a LoRA adapter: small to ship, and the base stays a shared reference."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lr: float = 1e-5
+    """EnvACE used 1e-6 for full fine-tuning of 8B; LoRA on small models needs more."""
+    epsilon: float = 0.2
+    """EnvACE's clip range."""
+    epsilon_high: float | None = None
+    """DAPO's asymmetric upper clip; None = symmetric."""
+    beta: float = 0.0
+    """KL off, as EnvACE (1e-4 when on); β = 0 needs no reference forward pass."""
+    loss_type: Literal["token_mean", "sequence_mean", "dr_grpo", "dapo"] = "token_mean"
+    """EnvACE aggregates by token mean."""
+    scale_rewards: Literal["none", "group", "batch"] = "none"
+    """EnvACE divides by no std."""
+    advantage: Literal["role", "trajectory"] = "role"
+    """"role": EnvACE's per-(task, role) baselines; "trajectory": standard GRPO baseline per task."""
+    roles: list[str] = Field(default_factory=lambda: ["act", "rehearse"])
+    """Which roles carry loss; ["act"] is the act-only GRPO ablation."""
+    reward: str = "task"
+    """The reward name read from the traces."""
+    steps: int = 10
+    groups_per_step: int = 4
+    """EnvACE: 16 tasks x 4 rollouts per step on 16 GPUs; 4 groups fit a CPU."""
+    micro_batch: int = 4
+    """Segments per forward pass (gradient accumulation inside one step)."""
+    max_grad_norm: float = 1.0
+    """EnvACE's grad clip."""
+    seed: int = 0
+    checkpoint_every: int = 5
+
+
+def _groups(rows: list[Segment]) -> list[list[Segment]]:
+    grouped: dict[str, list[Segment]] = defaultdict(list)
+    for row in rows:
+        grouped[row.group_id or row.task_id or row.run_id].append(row)
+    return [grouped[k] for k in sorted(grouped)]
+
+
+def advantages_for(group: list[Segment], config: GRPOConfig) -> torch.Tensor:
+    rewards = torch.tensor([float(r.reward) for r in group])  # [S]
+    roles = torch.tensor([ROLE_INDEX[r.role] if config.advantage == "role" else 0 for r in group])  # [S]
+    return role_advantages(rewards, torch.zeros(len(group), dtype=torch.long), roles, scale=config.scale_rewards)
+
+
+class OfflineGRPO:
+    """GRPO from recorded traces. `run()` trains to `config.steps`, resuming from `out` if it holds a checkpoint."""
+
+    def __init__(self, config: GRPOConfig, traces: str | Path, out: str | Path, *, model: Any = None,
+                 tokenizer: Any = None) -> None:
+        self.config = config
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        store = TraceStore(traces)
+        rows = [r for r in segments(store.read(), reward=config.reward) if r.role in config.roles]
+        rows = [r for r in rows if r.old_logprobs is not None]
+        self.groups = [g for g in _groups(rows) if len({r.reward for r in g}) > 1 or config.scale_rewards == "none"]
+        if not self.groups:
+            raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
+                            f"'{config.reward}' reward")
+        if model is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from envace_mcp.policy.embedded import embedded_model_dir
+
+            name = config.model or str(embedded_model_dir())
+            model, tokenizer = AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+        if config.adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, config.adapter, is_trainable=True)
+        elif config.lora:
+            from peft import LoraConfig, get_peft_model
+
+            torch.manual_seed(config.seed)
+            model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, task_type="CAUSAL_LM",
+                                                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr)
+        self.step = 0
+        self.rng = random.Random(config.seed)
+        self.order: list[int] = []
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_dir(self) -> Path:
+        return self.out / "checkpoint"
+
+    def save(self) -> None:
+        folder = self._checkpoint_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        torch.save({"step": self.step, "params": trainable, "optimizer": self.optimizer.state_dict(),
+                    "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "order": self.order,
+                    "config": self.config.model_dump()}, folder / "state.pt.tmp")
+        (folder / "state.pt.tmp").replace(folder / "state.pt")
+        self.model.save_pretrained(folder / "model")
+
+    def load(self) -> bool:
+        path = self._checkpoint_dir() / "state.pt"
+        if not path.exists():
+            return False
+        state = torch.load(path, weights_only=False)
+        named = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["params"].items():
+                named[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.order = state["step"], state["order"]
+        return True
+
+    # ------------------------------------------------------------------ training
+
+    def _next_groups(self) -> list[list[Segment]]:
+        picked = []
+        for _ in range(min(self.config.groups_per_step, len(self.groups))):
+            if not self.order:
+                self.order = list(range(len(self.groups)))
+                self.rng.shuffle(self.order)
+            picked.append(self.groups[self.order.pop()])
+        return picked
+
+    def train_step(self) -> dict[str, float]:
+        config = self.config
+        groups = self._next_groups()
+        rows = [r for g in groups for r in g]
+        advantages = torch.cat([advantages_for(g, config) for g in groups])  # [S]
+        total_tokens = float(sum(len(r.completion_ids) for r in rows))
+        self.model.train()
+        self.optimizer.zero_grad()
+        sums: dict[str, float] = defaultdict(float)
+        for start in range(0, len(rows), config.micro_batch):
+            chunk, adv = rows[start:start + config.micro_batch], advantages[start:start + config.micro_batch]
+            batch = collate(chunk, self.pad_id)
+            logp = batch_logprobs(self.model, batch)
+            loss, metrics = grpo_loss(logp, batch.old_logprobs, adv, batch.completion_mask, epsilon=config.epsilon,
+                                      epsilon_high=config.epsilon_high, loss_type="dapo" if config.loss_type == "token_mean"
+                                      else config.loss_type, num_items_in_batch=total_tokens,
+                                      max_completion_length=max(len(r.completion_ids) for r in rows))
+            # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)
+            scale = 1.0 if config.loss_type in ("token_mean", "dapo") else len(chunk) / len(rows)
+            (loss * scale).backward()
+            for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
+                sums[key] += metrics[key] * metrics["tokens"]
+            sums["loss"] += float(loss.detach()) * scale
+        norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+        self.optimizer.step()
+        self.step += 1
+        rewards = {r.run_id: r.reward for r in rows}
+        record = {"step": self.step, "loss": sums["loss"], "grad_norm": float(norm),
+                  "reward": sum(rewards.values()) / len(rewards),
+                  "success": sum(v >= 1.0 for v in rewards.values()) / len(rewards),
+                  "segments": len(rows), "tokens": total_tokens,
+                  **{k: sums[k] / total_tokens for k in ("ratio_mean", "clip_low", "clip_high", "kl")}}
+        with open(self.out / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        return record
+
+    def run(self, progress: bool = False) -> list[dict[str, float]]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.load()
+        records = []
+        bar = None
+        if progress:
+            from rich.progress import Progress
+
+            bar = Progress()
+            bar.start()
+            task = bar.add_task("GRPO", total=self.config.steps, completed=self.step)
+        try:
+            while self.step < self.config.steps:
+                records.append(self.train_step())
+                if bar is not None:
+                    bar.update(task, completed=self.step, description=f"GRPO loss {records[-1]['loss']:.4f}")
+                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                    self.save()
+        finally:
+            if bar is not None:
+                bar.stop()
+        plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
+        return records
+
+
+def plot_metrics(metrics: Path, png: Path) -> Path | None:
+    """Reward, loss, KL, clip fraction and success over steps (needs matplotlib; skipped without it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    keys = [("reward", "mean task reward"), ("success", "success rate"), ("loss", "loss"), ("kl", "KL (k3)"),
+            ("clip_high", "clipped fraction (high)"), ("grad_norm", "grad norm")]
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    steps = [r["step"] for r in rows]
+    for ax, (key, title) in zip(axes.flat, keys):
+        ax.plot(steps, [r.get(key, 0.0) for r in rows], marker=".")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+    return png

@@ -1,0 +1,38 @@
+"""`envace traces reference`, `envace train sft`, `envace train grpo` as users run them."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def cli(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "envace_mcp.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
+    from envace_mcp.testing import build_tiny_qwen3
+
+    model = str(build_tiny_qwen3(tmp_path / "tiny"))
+    refs = cli("traces", "reference", str(tmp_path / "refs"), "--suite", "bank", "--limit", "3", "--model", model)
+    assert refs.returncode == 0, refs.stderr
+    stats = cli("traces", "stats", str(tmp_path / "refs"))
+    assert "100.0%" in stats.stdout and "1.000 over" in stats.stdout  # references succeed, simulator exact
+    sft = cli("train", "sft", "--traces", str(tmp_path / "refs"), "--out", str(tmp_path / "sft"), "--model", model,
+              "--epochs", "1")
+    assert sft.returncode == 0, sft.stderr
+    assert (tmp_path / "sft" / "adapter_config.json").exists()
+    assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) >= 1
+    config = tmp_path / "grpo.json"
+    config.write_text(json.dumps({"model": model, "lr": 1e-3, "steps": 2, "groups_per_step": 1}))
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent.parent / "fixtures" / "traces"
+    grpo = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "grpo"), "--config", str(config))
+    assert grpo.returncode == 0, grpo.stderr
+    assert (tmp_path / "grpo" / "metrics.png").exists() and "step 2" in grpo.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"epsilon_typo": 1}))
+    refused = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "g2"), "--config", str(bad))
+    assert refused.returncode == 2 and "bad GRPO config" in refused.stdout
