@@ -665,15 +665,24 @@ def train_sft_command(
 
 @train_app.command("grpo")
 def train_grpo_command(
-    traces: Annotated[Path, typer.Option(help="trace folder with grouped, rewarded runs (offline GRPO)")],
     out: Annotated[Path, typer.Option(help="checkpoints, metrics.jsonl and metrics.png go here")],
+    traces: Annotated[Optional[Path], typer.Option(help="offline: a trace folder of grouped, rewarded runs")] = None,
+    suite: Annotated[Optional[str], typer.Option(help="online: roll out this bundled suite's train tasks")] = None,
+    k: Annotated[int, typer.Option(help="online: runs per task (GRPO group size)")] = 4,
+    mode: Annotated[str, typer.Option(help="online: simulated (EnvACE), real or mixed")] = "simulated",
+    max_new_tokens: int = 128,
     config: Annotated[Optional[Path], typer.Option(help="GRPOConfig as JSON (every field optional)")] = None,
     steps: Optional[int] = None,
 ) -> None:
-    """EnvACE role-wise GRPO from recorded runs; re-running with the same --out resumes."""
+    """EnvACE role-wise GRPO, from recorded runs (--traces) or fresh rollouts (--suite); the same --out resumes."""
     from pydantic import ValidationError
 
-    from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
+    from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO, OnlineGRPO
+
+    if (traces is None) == (suite is None):
+        _fail(ValueError("give exactly one of --traces (offline) or --suite (online rollouts)"))
+    if mode not in ("simulated", "real", "mixed"):
+        _fail(ValueError("--mode must be simulated, real or mixed"))
 
     try:
         settings = GRPOConfig(**(json.loads(config.read_text()) if config else {}))
@@ -682,12 +691,34 @@ def train_grpo_command(
     if steps is not None:
         settings.steps = steps
     try:
-        records = OfflineGRPO(settings, _store(traces).directory, out).run(progress=True)
+        if traces is not None:
+            trainer: Any = OfflineGRPO(settings, _store(traces).directory, out)
+        else:
+            trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens)
+        records = trainer.run(progress=True)
     except EnvaceError as exc:
         _fail(exc)
     if records:
         console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
+
+
+def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int) -> Any:
+    from envace_mcp.policy import SamplingParams
+    from envace_mcp.toolbox import Toolbox
+    from envace_mcp.train.trainer import OnlineGRPO
+
+    if mode != "simulated":
+        _fail(ValueError("online rollouts in real/mixed mode from the CLI are not wired yet; use --mode simulated"))
+    suite = _suite(suite_name)
+
+    async def catalog() -> list[Any]:
+        async with Toolbox({suite.name: suite.build_server()}) as toolbox:
+            return list(toolbox.catalog)
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    return OnlineGRPO(settings, suite, out, k=k, mode=mode, tools=anyio.run(catalog),
+                      sampling={"act": params, "rehearse": params})
 
 
 def main() -> None:

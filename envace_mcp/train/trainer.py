@@ -8,6 +8,7 @@ logprobs; each step takes `groups_per_step` groups in a seeded order, computes r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections import defaultdict
@@ -81,16 +82,13 @@ def advantages_for(group: list[Segment], config: GRPOConfig) -> torch.Tensor:
 class OfflineGRPO:
     """GRPO from recorded traces. `run()` trains to `config.steps`, resuming from `out` if it holds a checkpoint."""
 
-    def __init__(self, config: GRPOConfig, traces: str | Path, out: str | Path, *, model: Any = None,
+    def __init__(self, config: GRPOConfig, traces: str | Path | None, out: str | Path, *, model: Any = None,
                  tokenizer: Any = None) -> None:
         self.config = config
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
-        store = TraceStore(traces)
-        rows = [r for r in segments(store.read(), reward=config.reward) if r.role in config.roles]
-        rows = [r for r in rows if r.old_logprobs is not None]
-        self.groups = [g for g in _groups(rows) if len({r.reward for r in g}) > 1 or config.scale_rewards == "none"]
-        if not self.groups:
+        self.groups = self.trainable_groups(TraceStore(traces).read()) if traces is not None else []
+        if traces is not None and not self.groups:
             raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
                             f"'{config.reward}' reward")
         if model is None:
@@ -118,6 +116,10 @@ class OfflineGRPO:
         self.step = 0
         self.rng = random.Random(config.seed)
         self.order: list[int] = []
+
+    def trainable_groups(self, traces: Any) -> list[list[Segment]]:
+        rows = [r for r in segments(traces, reward=self.config.reward) if r.role in self.config.roles]
+        return _groups([r for r in rows if r.old_logprobs is not None])
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -161,9 +163,18 @@ class OfflineGRPO:
         return picked
 
     def train_step(self) -> dict[str, float]:
+        return self.update(self._next_groups())
+
+    def update(self, groups: list[list[Segment]]) -> dict[str, float]:
+        """One optimizer step over the segments of `groups` (role-wise or trajectory advantages)."""
         config = self.config
-        groups = self._next_groups()
         rows = [r for g in groups for r in g]
+        if not rows:  # nothing generated with tokens (e.g. a chat-model policy): log and move on
+            self.step += 1
+            record = {"step": self.step, "loss": 0.0, "segments": 0, "tokens": 0.0}
+            with open(self.out / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            return record
         advantages = torch.cat([advantages_for(g, config) for g in groups])  # [S]
         total_tokens = float(sum(len(r.completion_ids) for r in rows))
         self.model.train()
@@ -245,3 +256,51 @@ def plot_metrics(metrics: Path, png: Path) -> Path | None:
     fig.savefig(png, dpi=80)
     plt.close(fig)
     return png
+
+
+class OnlineGRPO(OfflineGRPO):
+    """GRPO on fresh rollouts: each step runs K graph runs for each of `groups_per_step` tasks with
+    the weights being trained (batched through one `TransformersPolicy`), records and scores them,
+    then updates. Traces of every step are kept under `out/traces`."""
+
+    def __init__(self, config: GRPOConfig, suite: Any, out: str | Path, *, k: int = 4, mode: str = "simulated",
+                 tools: list[Any] | None = None, gate: Any = None, sampling: dict[str, Any] | None = None,
+                 split: str = "train", **kwargs: Any) -> None:
+        super().__init__(config, None, out, **kwargs)
+        from envace_mcp.policy.transformers_backend import TransformersPolicy
+
+        self.suite, self.k, self.mode, self.tools, self.gate = suite, k, mode, tools, gate
+        self.sampling = sampling or {}
+        self.tasks = suite.split(split)
+        self.policy = TransformersPolicy(self.model, self.tokenizer, name=f"{config.model or 'embedded'} (training)",
+                                         max_batch_size=max(16, k))
+        self.groups = [[] for _ in self.tasks]  # the order cycles over tasks
+
+    def train_step(self) -> dict[str, float]:
+        import anyio
+
+        from envace_mcp.traces import TraceStore
+        from envace_mcp.train.rollouts import rollout_group
+        from envace_mcp.policy.transformers_backend import PrefixCache
+
+        picked = []
+        for _ in range(min(self.config.groups_per_step, len(self.tasks))):
+            if not self.order:
+                self.order = list(range(len(self.tasks)))
+                self.rng.shuffle(self.order)
+            picked.append(self.tasks[self.order.pop()])
+        self.model.eval()
+
+        async def collect() -> list[Any]:
+            runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
+                                                        tools=self.tools, gate=self.gate, sampling=self.sampling,
+                                                        group_id=f"step{self.step + 1}:{task.id}") for task in picked))
+            return [t for group in runs for t in group]
+
+        traces = anyio.run(collect)  # train_step is synchronous; rollouts run on their own event loop
+        store = TraceStore(self.out / "traces")
+        for trace in traces:
+            store.append(trace)
+        record = self.update(self.trainable_groups(traces))
+        self.policy.prefix_cache = PrefixCache(self.policy.prefix_cache.max_tokens)  # weights changed
+        return record

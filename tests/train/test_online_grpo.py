@@ -1,0 +1,79 @@
+"""Fresh rollouts: simulated-mode rewards by replay, and an online GRPO loop on the tiny Qwen3."""
+
+import json
+
+import pytest
+from langchain_core.messages import HumanMessage
+
+from envace_mcp.eval import get_suite
+from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.policy import SamplingParams
+from envace_mcp.testing import FunctionPolicy
+from envace_mcp.traces import record_run
+from envace_mcp.train.rollouts import replay_reward
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    import anyio
+
+    from envace_mcp.toolbox import Toolbox
+
+    async def read():
+        async with Toolbox({"bank": get_suite("bank").build_server()}) as toolbox:
+            return list(toolbox.catalog)
+
+    return anyio.run(read)
+
+
+async def test_simulated_runs_are_scored_by_replaying_their_calls_on_the_initial_state(catalog):
+    suite = get_suite("bank")
+    task = next(t for t in suite.split("train") if t.kind == "transfer_funds")
+    action = next(a for a in task.actions if a.tool == "transfer")
+
+    def act(request):
+        if request.messages:
+            return task.answer
+        return f'<tool_call>{{"name": "transfer", "arguments": {json.dumps(action.arguments)}}}</tool_call>'
+
+    def rehearse(request):
+        return '<execution_result>{"transfer_id": "T", "from_account_id": "a", "to_account_id": "b", "amount": 1, ' \
+               '"from_balance": 0, "to_balance": 0}</execution_result>'
+
+    graph = create_envace_graph().compile()
+    context = EnvaceContext(policy=FunctionPolicy(act=act, rehearse=rehearse), tools=catalog, mode="simulated")
+    _, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context)
+    assert replay_reward(suite, task, trace).score == 1.0
+    idle = FunctionPolicy(act=lambda r: "Sure, done.")
+    _, lazy = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},
+                               context=EnvaceContext(policy=idle, tools=catalog, mode="simulated"))
+    assert replay_reward(suite, task, lazy).score < 1.0
+
+
+def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, catalog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+
+    folder = build_tiny_qwen3(tmp_path / "tiny")
+    short = SamplingParams(max_new_tokens=6)
+    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=2, groups_per_step=1, micro_batch=4), get_suite("bank"),
+                         tmp_path / "run", k=3, tools=catalog, gate=GateConfig(max_steps=1),
+                         sampling={"act": short, "rehearse": short},
+                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
+    records = trainer.run()
+    assert [r["step"] for r in records] == [1, 2] and all(r["segments"] >= 3 for r in records)
+    traces = list(TraceStore(tmp_path / "run" / "traces").read())
+    assert len(traces) == 6 and len({t.group_id for t in traces}) == 2
+    assert all(t.reward("task") is not None and t.mode == "simulated" for t in traces)
+    assert max(trainer.policy.batcher.batch_sizes) == 3  # the group's turns were generated together
+    assert records[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
