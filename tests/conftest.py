@@ -29,3 +29,18 @@ def probe_stdio(probe_log: Path) -> dict:
     return {"command": sys.executable, "args": [PROBE], "env": {"PROBE_LOG": str(probe_log)}}
 
 
+
+
+@pytest.fixture(scope="session")
+def bank_catalog():
+    """The bank server's catalog entries, read through a real in-process MCP session."""
+    import anyio
+
+    from envace_mcp.eval import get_suite
+    from envace_mcp.toolbox import Toolbox
+
+    async def read():
+        async with Toolbox({"bank": get_suite("bank").build_server()}) as toolbox:
+            return list(toolbox.catalog)
+
+    return anyio.run(read)

@@ -153,14 +153,19 @@ class OfflineGRPO:
 
     # ------------------------------------------------------------------ training
 
-    def _next_groups(self) -> list[list[Segment]]:
+    def _next_indices(self, available: int) -> list[int]:
+        """The next `groups_per_step` indices of a seeded shuffle that is redrawn when used up
+        (the order and RNG are checkpointed, so a resumed run sees the same data)."""
         picked = []
-        for _ in range(min(self.config.groups_per_step, len(self.groups))):
+        for _ in range(min(self.config.groups_per_step, available)):
             if not self.order:
-                self.order = list(range(len(self.groups)))
+                self.order = list(range(available))
                 self.rng.shuffle(self.order)
-            picked.append(self.groups[self.order.pop()])
+            picked.append(self.order.pop())
         return picked
+
+    def _next_groups(self) -> list[list[Segment]]:
+        return [self.groups[i] for i in self._next_indices(len(self.groups))]
 
     def train_step(self) -> dict[str, float]:
         return self.update(self._next_groups())
@@ -283,12 +288,7 @@ class OnlineGRPO(OfflineGRPO):
         from envace_mcp.train.rollouts import rollout_group
         from envace_mcp.policy.transformers_backend import PrefixCache
 
-        picked = []
-        for _ in range(min(self.config.groups_per_step, len(self.tasks))):
-            if not self.order:
-                self.order = list(range(len(self.tasks)))
-                self.rng.shuffle(self.order)
-            picked.append(self.tasks[self.order.pop()])
+        picked = [self.tasks[i] for i in self._next_indices(len(self.tasks))]
         self.model.eval()
 
         async def collect() -> list[Any]:

@@ -56,25 +56,25 @@ class ToolCallingFake(GenericFakeChatModel):
         return self
 
 
-async def test_a_chat_model_with_native_tool_calling_drives_the_act_role(bank_tools):
+async def test_a_chat_model_with_native_tool_calling_drives_the_act_role(bank_catalog):
     reply = AIMessage(content="", tool_calls=[{"name": "get_balance", "args": {"account_id": "CHK-1"}, "id": "t1"}])
     model = ToolCallingFake(messages=iter([reply]))
     policy = ChatModelPolicy(model)
-    gen = await policy.act(ActRequest(task="balance?", tools=bank_tools))
+    gen = await policy.act(ActRequest(task="balance?", tools=bank_catalog))
     assert gen.parsed.tool_calls == [ToolCall(id="t1", name="get_balance", arguments={"account_id": "CHK-1"})]
-    assert model.bound[-1][0]["function"]["name"] == bank_tools[0].name
+    assert model.bound[-1][0]["function"]["name"] == bank_catalog[0].name
     assert gen.prompt_ids is None and gen.logprobs is None
 
 
-async def test_a_chat_model_without_tool_support_uses_the_text_protocol(bank_tools):
+async def test_a_chat_model_without_tool_support_uses_the_text_protocol(bank_catalog):
     model = GenericFakeChatModel(messages=iter([
         AIMessage(content='<tool_call>{"name": "get_quote", "arguments": {"symbol": "ACME"}}</tool_call>'),
         AIMessage(content='<execution_result>{"symbol": "ACME", "price": 10.5, "market_open": true}</execution_result>'),
     ]))
     policy = ChatModelPolicy(model)
-    act = await policy.act(ActRequest(task="quote ACME", tools=bank_tools, messages=[HumanMessage(content="hi")]))
+    act = await policy.act(ActRequest(task="quote ACME", tools=bank_catalog, messages=[HumanMessage(content="hi")]))
     assert act.parsed.tool_calls[0].arguments == {"symbol": "ACME"}
-    quote = next(t for t in bank_tools if t.name == "get_quote")
+    quote = next(t for t in bank_catalog if t.name == "get_quote")
     call = act.parsed.tool_calls[0]
-    rehearsal = await policy.rehearse(RehearseRequest(call=call, tool=quote, allowed=bank_tools))
+    rehearsal = await policy.rehearse(RehearseRequest(call=call, tool=quote, allowed=bank_catalog))
     assert rehearsal.parsed.status == "result" and rehearsal.parsed.result["price"] == 10.5

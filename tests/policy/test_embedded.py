@@ -26,15 +26,15 @@ def test_the_embedded_model_is_cached_as_safetensors(smol):
     assert smol.model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32
 
 
-async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logprobs(smol, bank_tools):
+async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logprobs(smol, bank_catalog):
     task = "I'm Ada Park, customer C-1042. What is the balance of my checking account CHK-2001?"
-    act = await smol.act(ActRequest(task=task, tools=bank_tools), SamplingParams(max_new_tokens=24, seed=0))
+    act = await smol.act(ActRequest(task=task, tools=bank_catalog), SamplingParams(max_new_tokens=24, seed=0))
     # SmolLM2's template has no tools: the text protocol goes into its system turn
     assert "<|im_start|>system\n" in act.prompt_text and "# Tools" in act.prompt_text and "<tools>" in act.prompt_text
     assert act.parsed.tool_calls or act.parsed.content or act.parsed.issues
     call = ToolCall(id="c1", name="get_balance", arguments={"account_id": "CHK-2001"})
-    balance = next(t for t in bank_tools if t.name == "get_balance")
-    rehearsal = await smol.rehearse(RehearseRequest(call=call, tool=balance, allowed=bank_tools,
+    balance = next(t for t in bank_catalog if t.name == "get_balance")
+    rehearsal = await smol.rehearse(RehearseRequest(call=call, tool=balance, allowed=bank_catalog,
                                                     history=[HumanMessage(content=task)]),
                                     SamplingParams(max_new_tokens=24, seed=0))
     assert rehearsal.parsed.status in {"result", "tool_error", "invalid"}

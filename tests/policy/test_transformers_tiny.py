@@ -25,9 +25,9 @@ def _conversation():
             ToolMessage(content='{"balance": 12.5}', tool_call_id="c1", name="get_balance")]
 
 
-async def test_the_qwen3_template_renders_tools_calls_responses_and_the_thinking_switch(policy, bank_tools):
+async def test_the_qwen3_template_renders_tools_calls_responses_and_the_thinking_switch(policy, bank_catalog):
     assert policy.template_has_tools
-    chat, tools = render_act(ActRequest(task="What is my balance?", tools=bank_tools[:2], messages=_conversation()))
+    chat, tools = render_act(ActRequest(task="What is my balance?", tools=bank_catalog[:2], messages=_conversation()))
     text = policy.render(chat, tools)
     assert "<tools>\n" in text and '"name": "list_accounts"' in text
     assert '<tool_call>\n{"name": "get_balance", "arguments": {"account_id": "CHK-1"}}\n</tool_call>' in text
@@ -40,8 +40,8 @@ async def test_the_qwen3_template_renders_tools_calls_responses_and_the_thinking
         policy.enable_thinking = False
 
 
-async def test_token_ids_decode_back_and_logprobs_match_a_fresh_forward_pass(policy, bank_tools):
-    gen = await policy.act(ActRequest(task="What is my balance?", tools=bank_tools, messages=_conversation()), SHORT)
+async def test_token_ids_decode_back_and_logprobs_match_a_fresh_forward_pass(policy, bank_catalog):
+    gen = await policy.act(ActRequest(task="What is my balance?", tools=bank_catalog, messages=_conversation()), SHORT)
     assert gen.prompt_ids and gen.completion_ids and len(gen.logprobs) == len(gen.completion_ids)
     assert policy.tokenizer.decode(gen.prompt_ids) == gen.prompt_text
     assert policy.tokenizer.decode(gen.completion_ids).startswith(gen.text)
@@ -50,13 +50,13 @@ async def test_token_ids_decode_back_and_logprobs_match_a_fresh_forward_pass(pol
     assert gen.sampling == SHORT and gen.finish_reason in {"stop", "length"}
 
 
-async def test_concurrent_requests_are_coalesced_into_one_batch_with_exact_logprobs(policy, bank_tools):
+async def test_concurrent_requests_are_coalesced_into_one_batch_with_exact_logprobs(policy, bank_catalog):
     call = ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"})
     before = len(policy.batcher.batch_sizes)
     results = {}
 
     async def one(i):
-        request = RehearseRequest(call=call, tool=bank_tools[1], allowed=bank_tools,
+        request = RehearseRequest(call=call, tool=bank_catalog[1], allowed=bank_catalog,
                                   history=[HumanMessage(content=f"request number {i} " * (i + 1))])
         results[i] = await policy.rehearse(request, SamplingParams(max_new_tokens=6 + i, seed=i, temperature=0.8))
 
@@ -114,13 +114,13 @@ async def test_a_tokenizer_without_a_chat_template_falls_back_to_chatml(tiny_qwe
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 
 
-async def test_shared_prompt_prefixes_are_computed_once(tiny_qwen3_dir, bank_tools):
+async def test_shared_prompt_prefixes_are_computed_once(tiny_qwen3_dir, bank_catalog):
     policy = load_policy(str(tiny_qwen3_dir))
     call = ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"})
-    first = await policy.rehearse(RehearseRequest(call=call, tool=bank_tools[1], allowed=bank_tools), SHORT)
+    first = await policy.rehearse(RehearseRequest(call=call, tool=bank_catalog[1], allowed=bank_catalog), SHORT)
     reused_before = policy.prefill_stats["reused_tokens"]
     other = ToolCall(id="d", name="get_quote", arguments={"symbol": "ACME"})
-    second = await policy.rehearse(RehearseRequest(call=other, tool=bank_tools[2], allowed=bank_tools), SHORT)
+    second = await policy.rehearse(RehearseRequest(call=other, tool=bank_catalog[2], allowed=bank_catalog), SHORT)
     reused = policy.prefill_stats["reused_tokens"] - reused_before
     assert reused > 0.8 * len(second.prompt_ids)  # system prompt and tool list came from the cache
     fresh = policy.score(second.prompt_ids, second.completion_ids)

@@ -20,20 +20,7 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def catalog():
-    import anyio
-
-    from envace_mcp.toolbox import Toolbox
-
-    async def read():
-        async with Toolbox({"bank": get_suite("bank").build_server()}) as toolbox:
-            return list(toolbox.catalog)
-
-    return anyio.run(read)
-
-
-async def test_simulated_runs_are_scored_by_replaying_their_calls_on_the_initial_state(catalog):
+async def test_simulated_runs_are_scored_by_replaying_their_calls_on_the_initial_state(bank_catalog):
     suite = get_suite("bank")
     task = next(t for t in suite.split("train") if t.kind == "transfer_funds")
     action = next(a for a in task.actions if a.tool == "transfer")
@@ -48,16 +35,16 @@ async def test_simulated_runs_are_scored_by_replaying_their_calls_on_the_initial
                '"from_balance": 0, "to_balance": 0}</execution_result>'
 
     graph = create_envace_graph().compile()
-    context = EnvaceContext(policy=FunctionPolicy(act=act, rehearse=rehearse), tools=catalog, mode="simulated")
+    context = EnvaceContext(policy=FunctionPolicy(act=act, rehearse=rehearse), tools=bank_catalog, mode="simulated")
     _, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context)
     assert replay_reward(suite, task, trace).score == 1.0
     idle = FunctionPolicy(act=lambda r: "Sure, done.")
     _, lazy = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},
-                               context=EnvaceContext(policy=idle, tools=catalog, mode="simulated"))
+                               context=EnvaceContext(policy=idle, tools=bank_catalog, mode="simulated"))
     assert replay_reward(suite, task, lazy).score < 1.0
 
 
-def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, catalog):
+def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_catalog):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envace_mcp.testing import build_tiny_qwen3
@@ -67,7 +54,7 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, catalog
     folder = build_tiny_qwen3(tmp_path / "tiny")
     short = SamplingParams(max_new_tokens=6)
     trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=2, groups_per_step=1, micro_batch=4), get_suite("bank"),
-                         tmp_path / "run", k=3, tools=catalog, gate=GateConfig(max_steps=1),
+                         tmp_path / "run", k=3, tools=bank_catalog, gate=GateConfig(max_steps=1),
                          sampling={"act": short, "rehearse": short},
                          model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
     records = trainer.run()
