@@ -22,10 +22,14 @@ R = TypeVar("R")
 class Batcher(Generic[J, R]):
     """Collects jobs per event loop and runs them `max_batch` at a time through `run`."""
 
-    def __init__(self, run: Callable[[list[J]], list[R]], *, max_batch: int = 16, window_s: float = 0.01) -> None:
+    def __init__(self, run: Callable[[list[J]], list[R]], *, max_batch: int = 16, window_s: float = 0.01,
+                 max_wait_s: float = 0.25) -> None:
         self.run = run
         self.max_batch = max(1, max_batch)
         self.window_s = window_s
+        """How long the batch stays open after the last request arrived."""
+        self.max_wait_s = max_wait_s
+        """The longest the first request of a batch waits for company."""
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[J, R]] = weakref.WeakKeyDictionary()
         self.batch_sizes: list[int] = []
         """Sizes of the batches run so far (for benchmarks and tests)."""
@@ -54,9 +58,15 @@ class _Queue(Generic[J, R]):
     async def work(self) -> None:
         owner = self.owner
         while self.pending:
-            deadline = time.monotonic() + owner.window_s
+            # Requests of concurrent runs trickle in (each renders and tokenises a long prompt first):
+            # keep the batch open while they keep arriving, up to max_wait_s.
+            opened = time.monotonic()
+            deadline, seen = opened + owner.window_s, len(self.pending)
             while len(self.pending) < owner.max_batch and time.monotonic() < deadline:
                 await asyncio.sleep(owner.window_s / 5)
+                if len(self.pending) > seen:
+                    seen = len(self.pending)
+                    deadline = min(time.monotonic() + owner.window_s, opened + owner.max_wait_s)
             batch = [(j, f) for j, f in self.pending[: owner.max_batch] if not f.done()]
             del self.pending[: owner.max_batch]
             if not batch:
