@@ -1,0 +1,3 @@
+from envace_mcp.cli import main
+
+main()

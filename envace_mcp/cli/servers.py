@@ -1,0 +1,119 @@
+"""Servers, tasks and single tool calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Optional
+
+import anyio
+import typer
+from rich.table import Table
+
+from envace_mcp.cli._common import (
+    ServersOpt,
+    _bundled_config,
+    _catalog_table,
+    _fail,
+    _suite,
+    app,
+    console,
+    servers_app,
+    tasks_app,
+)
+from envace_mcp.errors import EnvaceError
+
+
+@servers_app.command("ls")
+def servers_ls(servers: ServersOpt = None, as_json: Annotated[bool, typer.Option("--json", help="print the catalog as JSON")] = False) -> None:
+    """List every tool of the configured servers with schemas and annotations."""
+    from envace_mcp.toolbox import Toolbox
+
+    async def main() -> None:
+        async with Toolbox(servers or _bundled_config()) as toolbox:
+            if as_json:
+                print(json.dumps(toolbox.catalog.to_dicts(), indent=2))
+            else:
+                console.print(_catalog_table(toolbox.catalog))
+
+    try:
+        anyio.run(main)
+    except EnvaceError as exc:
+        _fail(exc)
+
+
+@servers_app.command("config")
+def servers_config() -> None:
+    """Print an `mcpServers` JSON that launches the bundled servers over stdio."""
+    print(json.dumps(_bundled_config(), indent=2))
+
+
+@servers_app.command("serve")
+def servers_serve(
+    domain: Annotated[str, typer.Argument(help="bank or retail")],
+    transport: Annotated[str, typer.Option(help="stdio or http")] = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    seed: int = 0,
+) -> None:
+    """Run a bundled server in the foreground."""
+    _suite(domain, seed).server_module.main(["--transport", transport, "--host", host, "--port", str(port), "--seed", str(seed)])
+
+
+@tasks_app.command("ls")
+def tasks_ls(
+    domain: Annotated[str, typer.Argument(help="bank or retail")],
+    split: Annotated[Optional[str], typer.Option(help="train or test")] = None,
+    limit: int = 20,
+    seed: int = 0,
+) -> None:
+    """List tasks of a bundled suite."""
+    suite = _suite(domain, seed)
+    tasks = [t for t in suite.tasks if split is None or t.split == split]
+    table = Table(title=f"{domain}: {len(tasks)} tasks" + (f" ({split})" if split else ""))
+    for col in ("id", "kind", "outcome", "calls", "instruction"):
+        table.add_column(col)
+    for task in tasks[:limit]:
+        table.add_row(task.id, task.kind, task.outcome, str(len(task.actions)), task.instruction)
+    console.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: str, seed: int = 0) -> None:
+    """Show one task: instruction, reference actions, expected answer."""
+    try:
+        task = _suite(task_id.split("/")[0], seed).task(task_id)
+    except EnvaceError as exc:
+        _fail(exc)
+    console.print(f"[bold]{task.id}[/] ({task.kind}, {task.outcome})\n{task.instruction}\n")
+    for i, action in enumerate(task.actions, 1):
+        console.print(f"  {i}. {action.tool}({json.dumps(action.arguments)})")
+    if task.trap:
+        console.print(f"  [red]trap:[/] {task.trap.tool}({json.dumps(task.trap.arguments)})")
+    console.print(f"\nanswer: {task.answer}")
+
+
+@app.command("call")
+def call(
+    tool: str,
+    arguments: Annotated[str, typer.Argument(help="JSON object of arguments")] = "{}",
+    servers: ServersOpt = None,
+    timeout: float = 60.0,
+) -> None:
+    """Call one tool and print its result (errors are printed as data, exit code 1)."""
+    from envace_mcp.toolbox import Toolbox
+
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        _fail(ValueError(f"arguments are not JSON: {exc}"))
+
+    async def main() -> Any:
+        async with Toolbox(servers or _bundled_config(), timeout=timeout) as toolbox:
+            return await toolbox.call(tool, args)
+
+    try:
+        result = anyio.run(main)
+    except EnvaceError as exc:
+        _fail(exc)
+    print(json.dumps(result.model_dump(mode="json"), indent=2))
+    raise typer.Exit(1 if result.is_error else 0)

@@ -1,0 +1,156 @@
+"""`envace traces ls|show|stats|reference`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import anyio
+import typer
+from rich.table import Table
+
+from envace_mcp.cli._common import (
+    TracesDir,
+    _fail,
+    _report_problems,
+    _store,
+    _suite,
+    console,
+    traces_app,
+)
+from envace_mcp.errors import EnvaceError
+
+
+@traces_app.command("ls")
+def traces_ls(
+    directory: TracesDir,
+    suite: Optional[str] = None,
+    task: Optional[str] = None,
+    status: Optional[str] = None,
+    limit: int = 50,
+) -> None:
+    """A table of recorded runs (newest last)."""
+    store = _store(directory)
+    table = Table(title=f"runs in {directory}")
+    for col in ("run", "task", "group", "mode", "status", "task reward", "steps", "real calls", "started"):
+        table.add_column(col)
+    import datetime
+
+    shown = 0
+    for trace in store.read(suite=suite, task=task, status=status):
+        if shown >= limit:
+            break
+        shown += 1
+        reward = trace.reward("task")
+        real = sum(1 for s in trace.steps if s.role == "tool" and not s.simulated and s.result and s.decision != "simulate")
+        when = datetime.datetime.fromtimestamp(trace.started_at).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(trace.run_id[:12], trace.task_id or "-", trace.group_id or "-", trace.mode, trace.status,
+                      "-" if reward is None or reward.value is None else f"{reward.value:.2f}", str(len(trace.steps)),
+                      str(real), when)
+    console.print(table)
+    _report_problems(store)
+
+
+@traces_app.command("show")
+def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is enough)")],
+                directory: Annotated[Path, typer.Option("--dir", help="trace folder")] = Path("traces")) -> None:
+    """One run as a transcript: each call's rehearsal beside what really happened."""
+    store = _store(directory)
+    try:
+        trace = store.get(run)
+    except EnvaceError as exc:
+        _fail(exc)
+    console.print(f"[bold]{trace.run_id}[/] {trace.task_id or ''} ({trace.mode}, {trace.status}, model {trace.model})")
+    if trace.task:
+        console.print(f"[italic]{trace.task}[/]")
+    predictions: dict[str, Any] = {}
+    for step in trace.steps:
+        if step.role == "act":
+            calls = (step.parsed or {}).get("tool_calls") or []
+            for call in calls:
+                console.print(f"[bold]act →[/] {call['name']}({json.dumps(call.get('arguments'))[:200]})")
+            if not calls:
+                console.print(f"[bold]act:[/] {(step.text or '')[:300]}")
+        elif step.role == "rehearse":
+            predictions[step.call_id] = step.parsed
+            p = step.parsed or {}
+            shown = p.get("result") if p.get("status") != "invalid" else f"unusable ({p.get('code')})"
+            console.print(f"   [cyan]rehearsed:[/] {json.dumps(shown)[:240]}")
+        elif step.role == "gate":
+            console.print(f"   gate: {step.decision} — {step.reason}")
+        elif step.role == "tool":
+            result = step.result or {}
+            text = result.get("structured_content") or "".join(b.get("text", "") for b in result.get("content", []))
+            label = "simulated" if step.simulated else "real"
+            line = f"   [{'red' if result.get('is_error') else 'green'}]{label}:[/] {json.dumps(text)[:240]}"
+            if step.comparison is not None:
+                line += (" [green](matched)[/]" if step.comparison.score >= 0.999 else
+                         f" [bold red]MISMATCH {step.comparison.score:.2f}[/] {step.comparison.mismatches[:4]}")
+            console.print(line)
+        elif step.role == "critique":
+            console.print(f"   [magenta]critique:[/] {(step.text or '')[:240]}")
+    console.print(f"final answer: {trace.final_answer}")
+    for reward in trace.rewards:
+        console.print(f"reward {reward.name}: {reward.value}")
+    if trace.error:
+        console.print(f"[red]error:[/] {trace.error}")
+
+
+@traces_app.command("stats")
+def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
+    """Counts, success rate, rehearsal fidelity, tokens, real calls made and avoided."""
+    store = _store(directory)
+    runs, rewards, fidelity, tokens, real, avoided, generations = 0, [], [], 0, 0, 0, 0
+    statuses: dict[str, int] = {}
+    for trace in store.read(suite=suite):
+        runs += 1
+        statuses[trace.status] = statuses.get(trace.status, 0) + 1
+        reward = trace.reward("task")
+        if reward is not None and reward.value is not None:
+            rewards.append(reward.value)
+        for step in trace.steps:
+            if step.prompt_ids is not None or step.completion_ids is not None:
+                generations += 1
+                tokens += len(step.prompt_ids or []) + len(step.completion_ids or [])
+            if step.role == "tool" and step.comparison is not None:
+                fidelity.append(step.comparison.score)
+            if step.role == "tool" and not step.simulated and step.decision not in ("feedback", "block", "reject", "budget", "rejected_by_human"):
+                real += 1
+            if step.role == "gate" and step.decision in ("feedback", "block", "reject", "budget", "simulate", "rejected_by_human"):
+                avoided += 1
+    table = Table(title=f"{runs} runs in {directory}")
+    table.add_column("measure")
+    table.add_column("value")
+    table.add_row("status", ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "-")
+    table.add_row("success rate (task reward = 1)", f"{sum(r >= 1.0 for r in rewards) / len(rewards):.1%}" if rewards else "-")
+    table.add_row("mean task reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-")
+    table.add_row("rehearsal fidelity (mean match)", f"{sum(fidelity) / len(fidelity):.3f} over {len(fidelity)} calls" if fidelity else "-")
+    table.add_row("tokens (prompt + completion)", f"{tokens} in {generations} generations")
+    table.add_row("real calls made", str(real))
+    table.add_row("real calls avoided by the gate", str(avoided))
+    console.print(table)
+    _report_problems(store)
+
+
+@traces_app.command("reference")
+def traces_reference(
+    out: Annotated[Path, typer.Argument(help="trace folder to write")],
+    suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
+    split: Annotated[str, typer.Option(help="train or test")] = "train",
+    limit: Annotated[Optional[int], typer.Option(help="only the first N tasks")] = None,
+    model: Annotated[Optional[str], typer.Option(help="tokenizer/model for token ids and logprobs")] = None,
+) -> None:
+    """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
+    from rich.progress import Progress
+
+    from envace_mcp.policy import load_policy
+    from envace_mcp.train.reference import record_reference_traces
+
+    _suite(suite)
+    policy = load_policy(model)
+    with Progress(console=console) as progress:
+        bar = progress.add_task(f"{suite} {split} references", total=limit or len(_suite(suite).split(split)))
+        written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit,
+                                                            on_task=lambda *_: progress.advance(bar)))
+    console.print(f"wrote {written} runs to {out}")
