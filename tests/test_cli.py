@@ -29,12 +29,17 @@ def test_demo_replays_a_reference_solution_over_stdio_and_prints_the_checker_sco
     assert "place_order" in out.stdout and "destructive" in out.stdout
 
 
-def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score():
-    out = run("demo", "--max-new-tokens", "24", "--max-steps", "2", timeout=600)
+def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score(tmp_path):
+    out = run("demo", "--max-new-tokens", "24", "--max-steps", "2", "--traces", str(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr
     assert "Task bank/test/0000" in out.stdout and "agent" in out.stdout
     score = float(out.stdout.rsplit("checker score:", 1)[1].split()[0])
     assert 0.0 <= score <= 1.0 and "✓ state" in out.stdout  # a read-only task: state untouched
+    from envace_mcp.traces import TraceStore
+
+    [trace] = list(TraceStore(tmp_path).read())  # recorded, with the checker's score attached
+    assert trace.task_id == "bank/test/0000" and trace.reward("task").value == score
+    assert trace.steps[0].role == "act" and trace.steps[0].prompt_ids
 
 
 def test_run_prints_a_transcript_and_rejects_bad_gate_settings():

@@ -43,7 +43,7 @@ async def run_task(
     With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
     attached as the `task` reward."""
     from envace_mcp.graph.tts import condense, imagine
-    from envace_mcp.traces import Reward, TraceRecorder
+    from envace_mcp.traces import Reward, record_run
 
     episode = Episode(task, suite.name)
     context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate or GateConfig(),
@@ -52,25 +52,15 @@ async def run_task(
     attempts: list[Any] = []
     if rehearse_n > 0:
         attempts = await imagine(graph, task.instruction, context, n=rehearse_n, strategy=strategy)
-    recorder = TraceRecorder(context=context, task_id=task.id, suite=suite.name, group_id=group_id,
-                             rehearsal={"n": rehearse_n, "strategy": strategy} if rehearse_n else {})
     notes = {"notes": condense(attempts)} if attempts else {}
-    try:
-        async for kind, chunk in graph.compile().astream({"messages": [HumanMessage(content=task.instruction)], **notes},
-                                                         context=context, stream_mode=["updates", "custom", "values"]):
-            recorder.observe(kind, chunk)
-            if kind == "updates" and on_update is not None:
-                for node, update in chunk.items():
-                    on_update(node, update)
-    except BaseException as exc:
-        if store is not None:
-            store.append(recorder.finish(status="failed", error=f"{type(exc).__name__}: {exc}"))
-        raise
-    state = recorder.state
+    state, trace = await record_run(graph.compile(), {"messages": [HumanMessage(content=task.instruction)], **notes},
+                                    context=context, store=store, on_update=on_update, task_id=task.id,
+                                    suite=suite.name, group_id=group_id,
+                                    rehearsal={"n": rehearse_n, "strategy": strategy} if rehearse_n else {})
     final = await episode.final_state(toolbox)
     verdict = suite.check(task, final, state.get("final_answer") or "")
-    trace = recorder.finish()
-    trace.rewards.append(Reward(name="task", value=verdict.score, details=verdict.to_dict()))
-    if store is not None:
-        store.append(trace)
+    reward = Reward(name="task", value=verdict.score, details=verdict.to_dict())
+    trace.rewards.append(reward)
+    if store is not None:  # the run itself was stored by record_run, failed or not
+        store.attach_reward(trace.run_id, reward)
     return TaskRun(task=task, episode=episode, state=state, verdict=verdict, attempts=attempts, trace=trace)

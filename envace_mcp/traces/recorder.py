@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
@@ -144,13 +145,19 @@ class TraceRecorder:
 
 
 async def record_run(graph: Any, graph_input: Any, *, context: Any = None, config: dict[str, Any] | None = None,
-                     store: Any = None, recorder: TraceRecorder | None = None, **fields: Any) -> tuple[dict[str, Any], Trace]:
-    """Run a compiled graph, recording it; the trace is appended to `store` even if the run fails."""
+                     store: Any = None, recorder: TraceRecorder | None = None,
+                     on_update: Callable[[str, Any], None] | None = None, **fields: Any) -> tuple[dict[str, Any], Trace]:
+    """Run a compiled graph, recording it; the trace is appended to `store` even if the run fails.
+    `on_update(node, update)` sees each node's update as it arrives (a live transcript)."""
     recorder = recorder or TraceRecorder(context=context, **fields)
     try:
         async for kind, chunk in graph.astream(graph_input, config, context=context,
                                                stream_mode=["updates", "custom", "values"]):
             recorder.observe(kind, chunk)
+            if kind == "updates" and on_update is not None:
+                for node, update in chunk.items():
+                    if node != "__interrupt__":
+                        on_update(node, update)
     except BaseException as exc:
         interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
         trace = recorder.finish(status="interrupted" if interrupted else "failed", error=f"{type(exc).__name__}: {exc}")

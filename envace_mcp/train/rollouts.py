@@ -19,7 +19,7 @@ from envace_mcp.eval.suites import Suite
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.graph.gate import Mode
 from envace_mcp.servers._common import CheckResult, DomainError, Task
-from envace_mcp.traces import Reward, Trace, TraceRecorder
+from envace_mcp.traces import Reward, Trace, record_run
 
 
 def replay_reward(suite: Suite, task: Task, trace: Trace) -> CheckResult:
@@ -49,11 +49,8 @@ async def rollout_group(suite: Suite, task: Task, policy: Any, *, k: int = 4, mo
         scope = toolbox.scoped(episode.meta) if toolbox is not None else None
         context = EnvaceContext(policy=policy, toolbox=scope, tools=tools, gate=gate or GateConfig(), mode=mode,
                                 instructions=suite.server_module.POLICY, sampling=sampling or {})
-        recorder = TraceRecorder(context=context, task_id=task.id, suite=suite.name, group_id=group)
-        async for kind, chunk in graph.astream({"messages": [HumanMessage(content=task.instruction)]}, context=context,
-                                               stream_mode=["updates", "custom", "values"]):
-            recorder.observe(kind, chunk)
-        trace = recorder.finish()
+        _, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context,
+                                    task_id=task.id, suite=suite.name, group_id=group)
         if mode == "simulated" or toolbox is None:
             verdict = replay_reward(suite, task, trace)
         else:
