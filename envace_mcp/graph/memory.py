@@ -1,6 +1,6 @@
 """Rendering rehearsal memory into the act role's prompt.
 
-The act role sees, in its system prompt under "# Rehearsal memory":
+The act role sees, in a last message after the conversation under "# Rehearsal memory":
 - notes brought in from outside the run (test-time rehearsal: what imagined attempts did, their
   critiques' pitfalls and advice);
 - for the most recent proposed calls, one line each: the call, what the rehearsal predicted, what

@@ -1,7 +1,7 @@
 """Rendering each role's prompt as chat messages.
 
-Act: a system prompt (role, domain instructions, rehearsal memory), the task as the user turn, then
-the conversation. Rehearse: a *fresh* chat (EnvACE): the simulator system prompt and one user turn
+Act: a system prompt (role, domain instructions), the task as the user turn, the conversation, then
+the rehearsal memory as a last user-side message (so the long system + tools prefix is shared). Rehearse: a *fresh* chat (EnvACE): the simulator system prompt and one user turn
 with, in order, the allowed tools, few-shot real calls (`<unavailable>` when none), the conversation
 serialised as `User:` / `Assistant:` / `Tool[name]:`, the act role's latest raw message, and the
 tool to simulate with its input schema, output schema (MCP gives us one; EnvACE had none) and
@@ -170,18 +170,25 @@ def plain_chat(chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> l
     return out
 
 
+MEMORY_HEADER = ("# Rehearsal memory\nWhat rehearsing this task showed (predicted outcomes, mismatches with "
+                 "reality, pitfalls); written by the agent's own rehearsals, not by the user. Use it, but trust "
+                 "real tool results over it.\n")
+
+
 def render_act(request: ActRequest) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
-    """Chat messages and `tools=` for the act role."""
+    """Chat messages and `tools=` for the act role.
+
+    The rehearsal memory is the *last* message, not part of the system prompt: the system prompt and
+    tool list are then the same for every act turn of a domain, and each turn's prompt extends the
+    previous turn's conversation, so both the inference prefix cache and shared-prefix training
+    reuse them (the memory changes every turn)."""
     system = ACT_SYSTEM
     if request.instructions:
         system += f"\n\n# Policy\n{request.instructions.strip()}"
-    if request.memory:
-        system += (
-            "\n\n# Rehearsal memory\nWhat rehearsing this task showed (predicted outcomes, mismatches with "
-            f"reality, pitfalls). Use it, but trust real tool results over it.\n{request.memory.strip()}"
-        )
     chat = [{"role": "system", "content": system}, {"role": "user", "content": request.task}]
     chat += to_chat(request.messages)
+    if request.memory:
+        chat.append({"role": "user", "content": MEMORY_HEADER + request.memory.strip()})
     return chat, [tool_for_template(spec) for spec in request.tools]
 
 

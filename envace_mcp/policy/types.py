@@ -156,7 +156,7 @@ class ActRequest:
     """The conversation after the task: AI turns with tool calls and tool results."""
     tools: list[ToolSpec] = field(default_factory=list)
     memory: str | None = None
-    """Rendered rehearsal memory (predicted outcomes, mismatches, pitfalls), shown in the system prompt."""
+    """Rendered rehearsal memory (predicted outcomes, mismatches, pitfalls), shown after the conversation."""
     instructions: str | None = None
     """Servers' instructions / domain policy."""
 

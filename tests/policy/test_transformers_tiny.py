@@ -133,3 +133,15 @@ def test_a_missing_model_is_a_clear_user_error(tmp_path):
 
     with pytest.raises(UserError, match="could not load model"):
         TransformersPolicy.from_pretrained(str(tmp_path / "nope"))
+
+
+async def test_act_turns_with_changing_memory_share_the_system_and_tools_prefix(policy, bank_catalog):
+    """Memory comes last, so turn 2's prompt extends turn 1's conversation whatever the memory says."""
+    first = policy.render(*render_act(ActRequest(task="What is my balance?", tools=bank_catalog, memory="- none yet")))
+    second = policy.render(*render_act(ActRequest(task="What is my balance?", tools=bank_catalog,
+                                                  messages=_conversation(), memory="- get_balance: MISMATCH")))
+    ids_1, ids_2 = policy.encode(first), policy.encode(second)
+    shared = next(i for i, (a, b) in enumerate(zip(ids_1, ids_2)) if a != b)
+    common = policy.tokenizer.decode(ids_1[:shared])
+    assert '"name": "cancel_order"' in common and "What is my balance?<|im_end|>" in common  # system, tools, task
+    assert second.rstrip().endswith("<|im_start|>assistant\n<think>\n\n</think>") and "MISMATCH" in second.split("<tool_response>")[-1]
