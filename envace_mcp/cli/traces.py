@@ -140,6 +140,7 @@ def traces_reference(
     split: Annotated[str, typer.Option(help="train or test")] = "train",
     limit: Annotated[Optional[int], typer.Option(help="only the first N tasks")] = None,
     model: Annotated[Optional[str], typer.Option(help="tokenizer/model for token ids and logprobs")] = None,
+    logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,
 ) -> None:
     """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
     from rich.progress import Progress
@@ -151,6 +152,6 @@ def traces_reference(
     policy = load_policy(model)
     with Progress(console=console) as progress:
         bar = progress.add_task(f"{suite} {split} references", total=limit or len(_suite(suite).split(split)))
-        written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit,
+        written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit, score=logprobs,
                                                             on_task=lambda *_: progress.advance(bar)))
     console.print(f"wrote {written} runs to {out}")

@@ -23,6 +23,9 @@ def train_sft_command(
     lr: Optional[float] = None,
     batch_size: int = 4,
     min_reward: float = 1.0,
+    bf16: Annotated[bool, typer.Option("--bf16", help="bf16 autocast (1.6-2.2x faster on AMX CPUs and GPUs)")] = False,
+    share_prefix: Annotated[bool, typer.Option(help="run each batch's common prompt prefix once (exact)")] = True,
+    lora_r: int = 16,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
     from rich.progress import Progress
@@ -40,7 +43,8 @@ def train_sft_command(
                     min_reward=min_reward)
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
-    config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5))
+    config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
+                       bf16=bf16, share_prefix=share_prefix, lora_r=lora_r, lora_alpha=2 * lora_r)
     out.mkdir(parents=True, exist_ok=True)
     with Progress(console=console) as progress, open(out / "metrics.jsonl", "w") as log:
         bar = progress.add_task("SFT", total=config.epochs * ((len(rows) + batch_size - 1) // batch_size))

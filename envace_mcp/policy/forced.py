@@ -33,11 +33,14 @@ class ForcedPolicy(PromptPolicy):
 
     def __init__(self, base: Any, *, act: Callable[[ActRequest], str] | None = None,
                  rehearse: Callable[[RehearseRequest], str] | None = None,
-                 critique: Callable[[CritiqueRequest], str] | None = None, name: str | None = None) -> None:
+                 critique: Callable[[CritiqueRequest], str] | None = None, name: str | None = None,
+                 score: bool = True) -> None:
         super().__init__(sampling=base.sampling, role_sampling=base.role_sampling)
         self.base = base
         self.functions = {"act": act, "rehearse": rehearse, "critique": critique}
         self.name = name or f"{base.name} (forced)"
+        self.score = score
+        """False: token ids only, no forward pass (SFT needs no logprobs; offline GRPO does)."""
 
     def _text(self, role: Role, request: Any) -> None:
         fn = self.functions[role]
@@ -47,7 +50,7 @@ class ForcedPolicy(PromptPolicy):
 
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
-        return self.base.force(self.base.render(chat, tools), _TEXT.get(), sampling.temperature or 1.0)
+        return self.base.force(self.base.render(chat, tools), _TEXT.get(), sampling.temperature or 1.0, score=self.score)
 
     async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[Any]:
         self._text("act", request)

@@ -267,15 +267,15 @@ class TransformersPolicy(PromptPolicy):
 
     # ------------------------------------------------------------------ teacher forcing
 
-    def force(self, prompt_text: str, completion: str, temperature: float = 1.0) -> RawCompletion:
+    def force(self, prompt_text: str, completion: str, temperature: float = 1.0, *, score: bool = True) -> RawCompletion:
         """The completion the model *would* record had it sampled `completion`: exact token ids
-        (completion + end of turn) and the model's own logprobs of them. Used to turn reference
-        solutions into training traces."""
+        (completion + end of turn) and the model's own logprobs of them (`score=False`: no forward
+        pass, logprobs None — enough for SFT data). Used to turn reference solutions into training traces."""
         prompt_ids = self.encode(prompt_text)
         end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         end = end if isinstance(end, int) and end in self.eos_ids else min(self.eos_ids)
         completion_ids = self.encode(completion) + [end]
-        logprobs = self.score(prompt_ids, completion_ids, temperature)
+        logprobs = self.score(prompt_ids, completion_ids, temperature) if score else None
         return RawCompletion(text=completion, prompt_text=prompt_text, prompt_ids=prompt_ids,
                              completion_ids=completion_ids, logprobs=logprobs, finish_reason="stop")
 

@@ -17,9 +17,11 @@ from envace_mcp.traces import Reward, TraceStore, record_run
 
 
 async def record_reference_traces(model: Any, suite_name: str, out: str | Path, *, split: str = "train",
-                                  limit: int | None = None, on_task: Callable[[str, float], None] | None = None) -> int:
+                                  limit: int | None = None, on_task: Callable[[str, float], None] | None = None,
+                                  score: bool = True) -> int:
     """Replay each task's reference solution through the graph (real mode, in-process server),
-    record it with `model`'s exact tokens and logprobs, attach the checker's score. Returns runs written."""
+    record it with `model`'s exact tokens and logprobs (`score=False`: tokens only, much faster, enough
+    for SFT), attach the checker's score. Returns runs written."""
     suite = get_suite(suite_name)
     tasks = suite.split(split)[:limit] if limit else suite.split(split)
     store = TraceStore(out)
@@ -28,7 +30,7 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
         for task in tasks:
             episode = Episode(task, suite_name)
-            policy = ForcedPolicy(model, **reference_roles(suite, task))
+            policy = ForcedPolicy(model, **reference_roles(suite, task), score=score)
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=GateConfig(rehearse="all"),
                                     instructions=suite.server_module.POLICY)
             state, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,38 +49,119 @@ def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str,
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded
-    attention_mask: torch.Tensor  # [B, L]
-    completion_mask: torch.Tensor  # [B, L-1] 1 where position t predicts a completion token at t+1
-    targets: torch.Tensor  # [B, L-1] input_ids shifted left
-    old_logprobs: torch.Tensor  # [B, L-1] recorded logprobs aligned with completion_mask (0 elsewhere)
+    """A micro-batch packed into ONE sequence without padding: the prompt prefix shared by every row
+    (possibly empty), then each row's remaining prompt + completion. A block attention mask lets each
+    row see the prefix and its own earlier tokens only, and positions restart after the prefix for each
+    row, so every row computes exactly what it would alone; the prefix runs once for all of them."""
+
+    input_ids: torch.Tensor  # [1, N] prefix, then each row's part, back to back
+    position_ids: torch.Tensor  # [1, N] 0…P-1 for the prefix, P… again for each row
+    attention_mask: torch.Tensor | None  # [1, 1, N, N] bool (True = may attend); None = plain causal (one row)
+    positions: torch.Tensor  # [B, T] where in the packed sequence each completion token is predicted (0 = padding)
+    completion_mask: torch.Tensor  # [B, T] 1 for real completion tokens (left-aligned, T = longest completion)
+    targets: torch.Tensor  # [B, T] the completion tokens
+    old_logprobs: torch.Tensor  # [B, T] recorded sampling logprobs (0 where padded or not recorded)
     temperature: float
+    prefix_len: int = 0  # P
+
+    def to(self, device: torch.device | str) -> "Batch":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Batch(input_ids=move(self.input_ids), position_ids=move(self.position_ids),
+                     attention_mask=move(self.attention_mask), positions=move(self.positions),
+                     completion_mask=move(self.completion_mask), targets=move(self.targets),
+                     old_logprobs=move(self.old_logprobs), temperature=self.temperature, prefix_len=self.prefix_len)
 
 
-def collate(rows: list[Segment], pad_id: int) -> Batch:
-    """Right-padded batch where only completion tokens are marked for loss (prompt, tool output and
-    padding are masked)."""
-    width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, L]
-    attention = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
-    completion = torch.zeros((len(rows), width - 1))  # [B, L-1]
-    old = torch.zeros((len(rows), width - 1))  # [B, L-1]
+MIN_SHARED_PREFIX = 16
+"""Shorter common prefixes are not worth sharing."""
+
+
+def shared_prefix_length(rows: list[Segment]) -> int:
+    """Tokens every row's prompt starts with, leaving at least one prompt token per row after it (so
+    each row's first completion token is predicted inside its own part of the sequence)."""
+    if len(rows) < 2:
+        return 0
+    first = rows[0].prompt_ids
+    limit = min(len(r.prompt_ids) for r in rows) - 1
+    n = 0
+    while n < limit and all(r.prompt_ids[n] == first[n] for r in rows):
+        n += 1
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def prefix_order(rows: list[Segment]) -> list[int]:
+    """Row indices sorted by prompt tokens, so consecutive rows share the longest prefixes
+    (same system prompt and tool list, then the same task and conversation)."""
+    return sorted(range(len(rows)), key=lambda i: rows[i].prompt_ids)
+
+
+def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False) -> Batch:
+    """Pack `rows` into one sequence; only completion tokens are read by the loss (prompt, tool output
+    and padding never are). `share_prefix`: the prompt tokens common to all rows appear once.
+    (`pad_id` is kept for callers; packing needs no padding tokens.)"""
+    cut = shared_prefix_length(rows) if share_prefix else 0
+    ids: list[int] = list(rows[0].prompt_ids[:cut])
+    position: list[int] = list(range(cut))
+    spans, predict = [], []
+    for row in rows:
+        part = (row.prompt_ids + row.completion_ids)[cut:]
+        start = len(ids)
+        ids += part
+        position += range(cut, cut + len(part))
+        spans.append((start, len(ids)))
+        first = start + len(row.prompt_ids) - cut - 1  # the position whose logits predict completion token 0
+        predict.append(list(range(first, first + len(row.completion_ids))))
+    n, width = len(ids), max(len(r.completion_ids) for r in rows)
+    mask = None
+    if len(rows) > 1 or cut:
+        causal = torch.ones((n, n), dtype=torch.bool).tril_()  # [N, N]
+        allowed = torch.zeros((n, n), dtype=torch.bool)
+        allowed[:cut, :cut] = True
+        for start, end in spans:
+            allowed[start:end, :cut] = True
+            allowed[start:end, start:end] = True
+        mask = (causal & allowed)[None, None]  # [1, 1, N, N]
+    positions = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T]
+    completion = torch.zeros((len(rows), width))  # [B, T]
+    targets = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
+    old = torch.zeros((len(rows), width))  # [B, T]
     for i, row in enumerate(rows):
-        ids = row.prompt_ids + row.completion_ids
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
-        start, end = len(row.prompt_ids) - 1, len(ids) - 1  # predictions of completion tokens
-        completion[i, start:end] = 1
+        k = len(row.completion_ids)
+        positions[i, :k] = torch.tensor(predict[i])
+        completion[i, :k] = 1
+        targets[i, :k] = torch.tensor(row.completion_ids)
         if row.old_logprobs is not None:
-            old[i, start:end] = torch.tensor(row.old_logprobs)
+            old[i, :k] = torch.tensor(row.old_logprobs)
     temperatures = {r.temperature for r in rows}
-    return Batch(input_ids=input_ids, attention_mask=attention, completion_mask=completion,
-                 targets=input_ids[:, 1:], old_logprobs=old, temperature=temperatures.pop() if len(temperatures) == 1 else 1.0)
+    return Batch(input_ids=torch.tensor([ids]), position_ids=torch.tensor([position]), attention_mask=mask,
+                 positions=positions, completion_mask=completion, targets=targets, old_logprobs=old,
+                 temperature=temperatures.pop() if len(temperatures) == 1 else 1.0, prefix_len=cut)
 
 
-def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, L-1]
+def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, T, V]
+    """Logits at the positions that predict completion tokens only: the LM head over a 50k
+    vocabulary at every prompt position would cost more memory than the model itself."""
+    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask,
+                   logits_to_keep=batch.positions.reshape(-1)).logits  # [1, B*T, V]
+    return logits.view(*batch.positions.shape, -1)
+
+
+def prepare_for_training(model: Any, gradient_checkpointing: bool) -> None:
+    """Gradient checkpointing keeps one decoder layer's activations at a time (recomputed in backward):
+    ~2 MB per token for SmolLM2's 30 layers otherwise, and tool-schema prompts are ~2k tokens."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    renamed = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.2x renamed the API
+    if gradient_checkpointing and getattr(base, "supports_gradient_checkpointing", False):
+        if renamed:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        (base.activation_checkpointing_disable if renamed else base.gradient_checkpointing_disable)()
+
+
+def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, T]
     """The model's logprobs of every next token (the completion positions are what the loss reads)."""
     from envace_mcp.train.grpo import token_logprobs
 
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]  # [B, L-1, V]
-    return token_logprobs(logits, batch.targets, batch.temperature)  # [B, L-1]
+    return token_logprobs(forward_logits(model, batch), batch.targets, batch.temperature)  # [B, T]

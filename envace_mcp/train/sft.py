@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from envace_mcp.traces.schema import Trace
-from envace_mcp.train.rows import Segment, collate
+from envace_mcp.train.rows import Segment, collate, forward_logits, prefix_order, prepare_for_training
 
 
 def real_result_text(result: dict[str, Any]) -> str:
@@ -79,12 +79,34 @@ class SFTConfig:
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     seed: int = 0
     max_grad_norm: float = 1.0
+    share_prefix: bool = True
+    """Batch rows that share a prompt prefix (system + tools, then task) and run it once per batch:
+    the same loss and gradients for a fraction of the tokens (tool schemas dominate these prompts)."""
+    bf16: bool = False
+    """bf16 autocast: 1.6-2.2x faster on CPUs with AMX and on GPUs; fp32 is the exact default."""
+    gradient_checkpointing: bool = True
+    """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
 
 
-def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int) -> torch.Tensor:
-    batch = collate(rows, pad_id)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]  # [B, L-1, V]
-    losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # [B, L-1]
+def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_prefix: bool) -> list[list[int]]:
+    """One epoch's batches of row indices. With `share_prefix`, rows are cut into batches in prompt
+    order (so each batch shares a long prefix) and the batches are shuffled; otherwise rows are shuffled."""
+    if share_prefix:
+        order = prefix_order(rows)
+        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+        rng.shuffle(chunks)
+        return chunks
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,
+             bf16: bool = False) -> torch.Tensor:
+    batch = collate(rows, pad_id, share_prefix=share_prefix)
+    with torch.autocast("cuda" if batch.input_ids.is_cuda else "cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = forward_logits(model, batch)  # [B, T, V]
+    losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # [B, T]
     return (losses * batch.completion_mask).sum() / batch.completion_mask.sum().clamp(min=1.0)
 
 
@@ -97,17 +119,16 @@ def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *
 
         model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                                                  target_modules=config.lora_targets, task_type="CAUSAL_LM"))
+    prepare_for_training(model, config.gradient_checkpointing)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr)
-    order = list(range(len(rows)))
     rng = random.Random(config.seed)
     step = 0
     for epoch in range(config.epochs):
-        rng.shuffle(order)
-        for start in range(0, len(order), config.batch_size):
-            chunk = [rows[i] for i in order[start: start + config.batch_size]]
-            loss = sft_loss(model, chunk, pad_id)
+        for indices in batches(rows, config.batch_size, rng, config.share_prefix):
+            chunk = [rows[i] for i in indices]
+            loss = sft_loss(model, chunk, pad_id, share_prefix=config.share_prefix, bf16=config.bf16)
             optimizer.zero_grad()
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)

@@ -9,6 +9,7 @@ logprobs; each step takes `groups_per_step` groups in a seeded order, computes r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections import defaultdict
@@ -20,8 +21,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envace_mcp.errors import UserError
 from envace_mcp.traces import TraceStore
-from envace_mcp.train.grpo import grpo_loss, role_advantages
-from envace_mcp.train.rows import ROLE_INDEX, Segment, batch_logprobs, collate, segments
+from envace_mcp.train import distributed
+from envace_mcp.train.grpo import _std, grpo_loss, role_advantages
+from envace_mcp.train.rows import (
+    ROLE_INDEX,
+    Segment,
+    batch_logprobs,
+    collate,
+    prefix_order,
+    prepare_for_training,
+    segments,
+)
 
 
 class GRPOConfig(BaseModel):
@@ -64,6 +74,13 @@ class GRPOConfig(BaseModel):
     """EnvACE's grad clip."""
     seed: int = 0
     checkpoint_every: int = 5
+    share_prefix: bool = True
+    """Micro-batches in prompt order with the common prefix (system + tools + task) run once: the same
+    gradients for a fraction of the tokens; a group's runs share everything up to where they diverge."""
+    gradient_checkpointing: bool = True
+    """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
+    bf16: bool = False
+    """bf16 autocast for the update's forward pass (faster on AMX CPUs / GPUs; ratios then carry bf16 noise)."""
 
 
 def _groups(rows: list[Segment]) -> list[list[Segment]]:
@@ -73,10 +90,21 @@ def _groups(rows: list[Segment]) -> list[list[Segment]]:
     return [grouped[k] for k in sorted(grouped)]
 
 
-def advantages_for(group: list[Segment], config: GRPOConfig) -> torch.Tensor:
-    rewards = torch.tensor([float(r.reward) for r in group])  # [S]
-    roles = torch.tensor([ROLE_INDEX[r.role] if config.advantage == "role" else 0 for r in group])  # [S]
-    return role_advantages(rewards, torch.zeros(len(group), dtype=torch.long), roles, scale=config.scale_rewards)
+def step_advantages(groups: list[list[Segment]], config: GRPOConfig) -> torch.Tensor:  # [S]
+    """Advantages of every segment of a step's groups (in order): role-wise or trajectory baselines
+    inside each group; "batch" std scaling over every segment of the step on every rank."""
+    rows = [r for g in groups for r in g]
+    if not rows:
+        return torch.zeros(0)
+    rewards = torch.tensor([float(r.reward) for r in rows])  # [S]
+    group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g])  # [S]
+    roles = torch.tensor([ROLE_INDEX[r.role] if config.advantage == "role" else 0 for r in rows])  # [S]
+    scale = config.scale_rewards
+    advantages = role_advantages(rewards, group_index, roles, scale="none" if scale == "batch" else scale)
+    if scale == "batch":
+        everything = torch.tensor(distributed.gather(rewards.tolist()))  # the global step's segments
+        advantages = advantages / (_std(everything) + 1e-4)
+    return advantages
 
 
 class OfflineGRPO:
@@ -85,6 +113,7 @@ class OfflineGRPO:
     def __init__(self, config: GRPOConfig, traces: str | Path | None, out: str | Path, *, model: Any = None,
                  tokenizer: Any = None) -> None:
         self.config = config
+        self.rank, self.world_size = distributed.setup()
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.groups = self.trainable_groups(TraceStore(traces).read()) if traces is not None else []
@@ -110,7 +139,10 @@ class OfflineGRPO:
             torch.manual_seed(config.seed)
             model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, task_type="CAUSAL_LM",
                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-        self.model = model
+        self.model = model.to(distributed.device())
+        prepare_for_training(model, config.gradient_checkpointing)
+        self.engine = distributed.wrap(self.model)
+        """What forward/backward go through: DDP around the model under torchrun, the model itself otherwise."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr)
         self.step = 0
@@ -127,6 +159,8 @@ class OfflineGRPO:
         return self.out / "checkpoint"
 
     def save(self) -> None:
+        if self.rank != 0:
+            return
         folder = self._checkpoint_dir()
         folder.mkdir(parents=True, exist_ok=True)
         trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
@@ -140,7 +174,7 @@ class OfflineGRPO:
         path = self._checkpoint_dir() / "state.pt"
         if not path.exists():
             return False
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")
         named = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, value in state["params"].items():
@@ -168,48 +202,67 @@ class OfflineGRPO:
         return [self.groups[i] for i in self._next_indices(len(self.groups))]
 
     def train_step(self) -> dict[str, float]:
-        return self.update(self._next_groups())
+        return self.update(self._next_groups()[self.rank::self.world_size])
 
-    def update(self, groups: list[list[Segment]]) -> dict[str, float]:
-        """One optimizer step over the segments of `groups` (role-wise or trajectory advantages)."""
-        config = self.config
-        rows = [r for g in groups for r in g]
-        if not rows:  # nothing generated with tokens (e.g. a chat-model policy): log and move on
-            self.step += 1
-            record = {"step": self.step, "loss": 0.0, "segments": 0, "tokens": 0.0}
+    def _log(self, record: dict[str, float]) -> None:
+        if self.rank == 0:
             with open(self.out / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+
+    def update(self, groups: list[list[Segment]]) -> dict[str, float]:
+        """One optimizer step over the segments of `groups` (this rank's share of the step's groups
+        under torchrun; all of them otherwise), with role-wise or trajectory advantages."""
+        config = self.config
+        rows = [r for g in groups for r in g]
+        advantages = step_advantages(groups, config)  # [S]
+        if config.share_prefix and rows:  # the step's loss is a sum over all its segments, so order is free
+            order = prefix_order(rows)
+            rows, advantages = [rows[i] for i in order], advantages[order]
+        # normalisers over the whole step, on every rank
+        total_tokens = distributed.reduce(float(sum(len(r.completion_ids) for r in rows)))
+        total_rows = distributed.reduce(float(len(rows)))
+        longest = distributed.reduce(float(max((len(r.completion_ids) for r in rows), default=0)), "max")
+        if total_rows == 0:  # nothing generated with tokens (e.g. a chat-model policy): log and move on
+            self.step += 1
+            record = {"step": self.step, "loss": 0.0, "segments": 0, "tokens": 0.0}
+            self._log(record)
             return record
-        advantages = torch.cat([advantages_for(g, config) for g in groups])  # [S]
-        total_tokens = float(sum(len(r.completion_ids) for r in rows))
-        self.model.train()
+        self.engine.train()
         self.optimizer.zero_grad()
         sums: dict[str, float] = defaultdict(float)
-        for start in range(0, len(rows), config.micro_batch):
-            chunk, adv = rows[start:start + config.micro_batch], advantages[start:start + config.micro_batch]
-            batch = collate(chunk, self.pad_id)
-            logp = batch_logprobs(self.model, batch)
-            loss, metrics = grpo_loss(logp, batch.old_logprobs, adv, batch.completion_mask, epsilon=config.epsilon,
-                                      epsilon_high=config.epsilon_high, loss_type="dapo" if config.loss_type == "token_mean"
-                                      else config.loss_type, num_items_in_batch=total_tokens,
-                                      max_completion_length=max(len(r.completion_ids) for r in rows))
-            # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)
-            scale = 1.0 if config.loss_type in ("token_mean", "dapo") else len(chunk) / len(rows)
-            (loss * scale).backward()
-            for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
-                sums[key] += metrics[key] * metrics["tokens"]
-            sums["loss"] += float(loss.detach()) * scale
+        starts = list(range(0, len(rows), config.micro_batch)) or [None]  # None: a rank with no rows this step
+        for index, start in enumerate(starts):
+            sync = self.world_size == 1 or index == len(starts) - 1  # DDP all-reduces on the last backward only
+            with contextlib.nullcontext() if sync else self.engine.no_sync():
+                if start is None:  # still join the all-reduce, contributing zero gradients
+                    dummy = torch.tensor([[self.pad_id, self.pad_id]], device=distributed.device())
+                    (self.engine(input_ids=dummy, logits_to_keep=1).logits.sum() * 0.0).backward()
+                    continue
+                chunk, adv = rows[start:start + config.micro_batch], advantages[start:start + config.micro_batch]
+                batch = collate(chunk, self.pad_id, share_prefix=config.share_prefix).to(distributed.device())
+                with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                    logp = batch_logprobs(self.engine, batch)
+                loss, metrics = grpo_loss(logp, batch.old_logprobs, adv.to(logp.device), batch.completion_mask,
+                                          epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+                                          loss_type="dapo" if config.loss_type == "token_mean" else config.loss_type,
+                                          num_items_in_batch=total_tokens, max_completion_length=int(longest))
+                # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)
+                scale = 1.0 if config.loss_type in ("token_mean", "dapo") else len(chunk) / total_rows
+                (loss * scale * self.world_size).backward()  # DDP averages over ranks; we want the sum
+                for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
+                    sums[key] += metrics[key] * metrics["tokens"]
+                sums["loss"] += float(loss.detach()) * scale
         norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
         self.optimizer.step()
         self.step += 1
         rewards = {r.run_id: r.reward for r in rows}
-        record = {"step": self.step, "loss": sums["loss"], "grad_norm": float(norm),
-                  "reward": sum(rewards.values()) / len(rewards),
-                  "success": sum(v >= 1.0 for v in rewards.values()) / len(rewards),
-                  "segments": len(rows), "tokens": total_tokens,
-                  **{k: sums[k] / total_tokens for k in ("ratio_mean", "clip_low", "clip_high", "kl")}}
-        with open(self.out / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        runs = distributed.reduce(float(len(rewards)))
+        record = {"step": self.step, "loss": distributed.reduce(sums["loss"]), "grad_norm": float(norm),
+                  "reward": distributed.reduce(sum(rewards.values())) / runs,
+                  "success": distributed.reduce(sum(v >= 1.0 for v in rewards.values())) / runs,
+                  "segments": total_rows, "tokens": total_tokens,
+                  **{k: distributed.reduce(sums[k]) / total_tokens for k in ("ratio_mean", "clip_low", "clip_high", "kl")}}
+        self._log(record)
         return record
 
     def run(self, progress: bool = False) -> list[dict[str, float]]:
@@ -217,7 +270,7 @@ class OfflineGRPO:
         self.load()
         records = []
         bar = None
-        if progress:
+        if progress and self.rank == 0:
             from rich.progress import Progress
 
             bar = Progress()
@@ -233,7 +286,9 @@ class OfflineGRPO:
         finally:
             if bar is not None:
                 bar.stop()
-        plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
+        if self.rank == 0:
+            plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
+        distributed.barrier()
         return records
 
 
@@ -288,7 +343,7 @@ class OnlineGRPO(OfflineGRPO):
         from envace_mcp.train.rollouts import rollout_group
         from envace_mcp.policy.transformers_backend import PrefixCache
 
-        picked = [self.tasks[i] for i in self._next_indices(len(self.tasks))]
+        picked = [self.tasks[i] for i in self._next_indices(len(self.tasks))][self.rank::self.world_size]
         self.model.eval()
 
         async def collect() -> list[Any]:

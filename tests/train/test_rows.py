@@ -23,11 +23,17 @@ def test_segments_carry_tokens_rewards_groups_and_roles():
 def test_collate_masks_everything_but_completion_tokens():
     rows = segments(TraceStore(FIXTURES).read())[:3]
     batch = collate(rows, pad_id=0)
+    packed = batch.input_ids[0]
+    assert len(packed) == sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)  # no padding at all
     for i, row in enumerate(rows):
-        assert int(batch.completion_mask[i].sum()) == len(row.completion_ids)
-        positions = batch.completion_mask[i].nonzero().squeeze(-1)
-        assert batch.targets[i, positions].tolist() == row.completion_ids
-        assert torch.allclose(batch.old_logprobs[i, positions], torch.tensor(row.old_logprobs))
+        k = len(row.completion_ids)
+        assert int(batch.completion_mask[i].sum()) == k
+        assert batch.targets[i, :k].tolist() == row.completion_ids
+        assert packed[batch.positions[i, :k] + 1].tolist() == row.completion_ids  # position t predicts token t+1
+        assert torch.allclose(batch.old_logprobs[i, :k], torch.tensor(row.old_logprobs))
+    # each row sees only itself: its first token attends to nothing before it
+    first_of_second = len(rows[0].prompt_ids) + len(rows[0].completion_ids)
+    assert batch.attention_mask[0, 0, first_of_second].sum() == 1
 
 
 def test_a_grpo_step_from_recorded_traces_starts_on_policy_and_moves_the_weights(tmp_path):
@@ -52,3 +58,39 @@ def test_a_grpo_step_from_recorded_traces_starts_on_policy_and_moves_the_weights
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_shared_prefix_batch_gives_the_same_logprobs_and_gradients(tmp_path, lora):
+    """The prefix runs once and its keys/values are repeated per row: same numbers, less work."""
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.rows import prefix_order, shared_prefix_length
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    all_rows = segments(TraceStore(FIXTURES).read())
+    acts = [all_rows[i] for i in prefix_order(all_rows) if all_rows[i].role == "act"]
+    assert shared_prefix_length(acts) > 0.5 * min(len(r.prompt_ids) for r in acts)  # system + tools + task
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for share in (False, True):
+        batch = collate(acts, pad_id=0, share_prefix=share)
+        assert (batch.prefix_len > 0) == share
+        logp = batch_logprobs(model, batch)
+        mask = batch.completion_mask.bool()
+        loss = -(logp * batch.completion_mask).sum()
+        grads = torch.autograd.grad(loss, params)
+        results.append((logp[mask], batch.old_logprobs[mask], grads, batch.input_ids.numel()))
+    (plain, old_plain, g_plain, n_plain), (shared, old_shared, g_shared, n_shared) = results
+    assert n_shared < 0.5 * n_plain  # the rows carry only what follows the prefix
+    assert torch.equal(old_plain, old_shared)
+    assert torch.allclose(plain, shared, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(g_plain, g_shared))
+    with torch.no_grad():  # and both equal each row run alone, unpacked (plain causal attention)
+        alone = torch.cat([batch_logprobs(model, collate([row]))[0, :len(row.completion_ids)] for row in acts])
+    assert torch.allclose(alone, plain, atol=1e-5)
