@@ -103,8 +103,6 @@ def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.train.trainer import OnlineGRPO
 
-    if mode != "simulated":
-        _fail(ValueError("online rollouts in real/mixed mode from the CLI are not wired yet; use --mode simulated"))
     suite = _suite(suite_name)
 
     async def catalog() -> list[Any]:

@@ -25,6 +25,7 @@ class Segment:
     old_logprobs: list[float] | None
     reward: float | None
     temperature: float = 1.0
+    fidelity: float | None = None  # rehearse segments: match score against the real result, when the call ran
 
 
 def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str, ...] = ("act", "rehearse"),
@@ -37,13 +38,16 @@ def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str,
         value = found.value if found is not None else None
         if require_reward and value is None:
             continue
+        fidelity = {s.call_id: s.comparison.score for s in trace.steps
+                    if s.role == "tool" and s.comparison is not None and not s.simulated}
         for step in trace.steps:
             if step.role in roles and step.prompt_ids is not None and step.completion_ids:
                 out.append(Segment(run_id=trace.run_id, task_id=trace.task_id, group_id=trace.group_id or trace.task_id,
                                    role=step.role, prompt_ids=list(step.prompt_ids),
                                    completion_ids=list(step.completion_ids),
                                    old_logprobs=list(step.logprobs) if step.logprobs is not None else None,
-                                   reward=value, temperature=(step.sampling or {}).get("temperature") or 1.0))
+                                   reward=value, temperature=(step.sampling or {}).get("temperature") or 1.0,
+                                   fidelity=fidelity.get(step.call_id) if step.role == "rehearse" else None))
     return out
 
 

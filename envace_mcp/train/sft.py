@@ -103,7 +103,7 @@ def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_pref
 
 def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,
              bf16: bool = False) -> torch.Tensor:
-    batch = collate(rows, pad_id, share_prefix=share_prefix)
+    batch = collate(rows, pad_id, share_prefix=share_prefix).to(next(model.parameters()).device)
     with torch.autocast("cuda" if batch.input_ids.is_cuda else "cpu", dtype=torch.bfloat16, enabled=bf16):
         logits = forward_logits(model, batch)  # [B, T, V]
     losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # [B, T]

@@ -23,6 +23,7 @@ from envace_mcp.errors import UserError
 from envace_mcp.traces import TraceStore
 from envace_mcp.train import distributed
 from envace_mcp.train.grpo import _std, grpo_loss, role_advantages
+from envace_mcp.train.sft import sft_loss
 from envace_mcp.train.rows import (
     ROLE_INDEX,
     Segment,
@@ -74,6 +75,13 @@ class GRPOConfig(BaseModel):
     """EnvACE's grad clip."""
     seed: int = 0
     checkpoint_every: int = 5
+    fidelity_weight: float = 0.0
+    """Beyond EnvACE (off): a rehearsal whose call really ran (mixed / real mode) is rewarded
+    task reward + w x its match score against the real result, so the world model is pushed
+    towards what happened; rehearsals without a real result keep the task reward."""
+    real_output_ce: float = 0.0
+    """Beyond EnvACE (off): weight of a cross-entropy term teaching the rehearse role the recorded
+    real tool outputs (as SFT does), added to the GRPO loss (mean over those target tokens)."""
     share_prefix: bool = True
     """Micro-batches in prompt order with the common prefix (system + tools + task) run once: the same
     gradients for a fraction of the tokens; a group's runs share everything up to where they diverge."""
@@ -83,10 +91,14 @@ class GRPOConfig(BaseModel):
     """bf16 autocast for the update's forward pass (faster on AMX CPUs / GPUs; ratios then carry bf16 noise)."""
 
 
+def _group_key(row: Segment) -> str:
+    return row.group_id or row.task_id or row.run_id
+
+
 def _groups(rows: list[Segment]) -> list[list[Segment]]:
     grouped: dict[str, list[Segment]] = defaultdict(list)
     for row in rows:
-        grouped[row.group_id or row.task_id or row.run_id].append(row)
+        grouped[_group_key(row)].append(row)
     return [grouped[k] for k in sorted(grouped)]
 
 
@@ -96,7 +108,9 @@ def step_advantages(groups: list[list[Segment]], config: GRPOConfig) -> torch.Te
     rows = [r for g in groups for r in g]
     if not rows:
         return torch.zeros(0)
-    rewards = torch.tensor([float(r.reward) for r in rows])  # [S]
+    rewards = torch.tensor([float(r.reward) + (config.fidelity_weight * r.fidelity
+                                               if r.role == "rehearse" and r.fidelity is not None else 0.0)
+                            for r in rows])  # [S]
     group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g])  # [S]
     roles = torch.tensor([ROLE_INDEX[r.role] if config.advantage == "role" else 0 for r in rows])  # [S]
     scale = config.scale_rewards
@@ -114,12 +128,9 @@ class OfflineGRPO:
                  tokenizer: Any = None) -> None:
         self.config = config
         self.rank, self.world_size = distributed.setup()
+        self.ce_rows: dict[str, list[Segment]] = defaultdict(list)
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.groups = self.trainable_groups(TraceStore(traces).read()) if traces is not None else []
-        if traces is not None and not self.groups:
-            raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
-                            f"'{config.reward}' reward")
         if model is None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -128,6 +139,10 @@ class OfflineGRPO:
             name = config.model or str(embedded_model_dir())
             model, tokenizer = AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
         self.tokenizer = tokenizer
+        self.groups = self.trainable_groups(TraceStore(traces).read()) if traces is not None else []
+        if traces is not None and not self.groups:
+            raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
+                            f"'{config.reward}' reward")
         self.pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
         if config.adapter:
             from peft import PeftModel
@@ -150,8 +165,22 @@ class OfflineGRPO:
         self.order: list[int] = []
 
     def trainable_groups(self, traces: Any) -> list[list[Segment]]:
+        traces = list(traces)
         rows = [r for r in segments(traces, reward=self.config.reward) if r.role in self.config.roles]
+        if self.config.real_output_ce > 0:
+            self._add_ce_rows(traces)
         return _groups([r for r in rows if r.old_logprobs is not None])
+
+    def _add_ce_rows(self, traces: list[Any]) -> None:
+        """Rehearse prompts with the recorded real results as targets, by group (for `real_output_ce`)."""
+        from envace_mcp.train.sft import sft_rows
+
+        tokenizer = self.tokenizer
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        end = end if isinstance(end, int) and end != tokenizer.unk_token_id else tokenizer.eos_token_id
+        encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        for row in sft_rows(traces, encode, end, roles=("rehearse",), reward=self.config.reward):
+            self.ce_rows[_group_key(row)].append(row)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -230,38 +259,53 @@ class OfflineGRPO:
         self.engine.train()
         self.optimizer.zero_grad()
         sums: dict[str, float] = defaultdict(float)
-        starts = list(range(0, len(rows), config.micro_batch)) or [None]  # None: a rank with no rows this step
-        for index, start in enumerate(starts):
-            sync = self.world_size == 1 or index == len(starts) - 1  # DDP all-reduces on the last backward only
+        ce_rows = [r for g in groups for r in self.ce_rows.get(_group_key(g[0]), [])] if config.real_output_ce else []
+        ce_tokens = distributed.reduce(float(sum(len(r.completion_ids) for r in ce_rows))) if config.real_output_ce else 0.0
+        jobs: list[tuple[str, int]] = [("ce", s) for s in range(0, len(ce_rows), config.micro_batch)]
+        jobs += [("grpo", s) for s in range(0, len(rows), config.micro_batch)]
+        for index, (kind, start) in enumerate(jobs or [("none", 0)]):
+            sync = self.world_size == 1 or index == max(len(jobs), 1) - 1  # DDP all-reduces on the last backward only
             with contextlib.nullcontext() if sync else self.engine.no_sync():
-                if start is None:  # still join the all-reduce, contributing zero gradients
+                if kind == "none":  # a rank with nothing this step still joins the all-reduce, with zero gradients
                     dummy = torch.tensor([[self.pad_id, self.pad_id]], device=distributed.device())
                     (self.engine(input_ids=dummy, logits_to_keep=1).logits.sum() * 0.0).backward()
-                    continue
-                chunk, adv = rows[start:start + config.micro_batch], advantages[start:start + config.micro_batch]
-                batch = collate(chunk, self.pad_id, share_prefix=config.share_prefix).to(distributed.device())
-                with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-                    logp = batch_logprobs(self.engine, batch)
-                loss, metrics = grpo_loss(logp, batch.old_logprobs, adv.to(logp.device), batch.completion_mask,
-                                          epsilon=config.epsilon, epsilon_high=config.epsilon_high,
-                                          loss_type="dapo" if config.loss_type == "token_mean" else config.loss_type,
-                                          num_items_in_batch=total_tokens, max_completion_length=int(longest))
-                # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)
-                scale = 1.0 if config.loss_type in ("token_mean", "dapo") else len(chunk) / total_rows
-                (loss * scale * self.world_size).backward()  # DDP averages over ranks; we want the sum
-                for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
-                    sums[key] += metrics[key] * metrics["tokens"]
-                sums["loss"] += float(loss.detach()) * scale
+                elif kind == "ce":
+                    chunk = ce_rows[start:start + config.micro_batch]
+                    share = sum(len(r.completion_ids) for r in chunk) / ce_tokens
+                    ce = sft_loss(self.engine, chunk, self.pad_id, share_prefix=config.share_prefix, bf16=config.bf16)
+                    (ce * share * config.real_output_ce * self.world_size).backward()
+                    sums["ce"] += float(ce.detach()) * share
+                else:
+                    chunk, adv = rows[start:start + config.micro_batch], advantages[start:start + config.micro_batch]
+                    batch = collate(chunk, self.pad_id, share_prefix=config.share_prefix).to(distributed.device())
+                    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                        logp = batch_logprobs(self.engine, batch)
+                    loss, metrics = grpo_loss(logp, batch.old_logprobs, adv.to(logp.device), batch.completion_mask,
+                                              epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+                                              loss_type="dapo" if config.loss_type == "token_mean" else config.loss_type,
+                                              num_items_in_batch=total_tokens, max_completion_length=int(longest))
+                    # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)
+                    scale = 1.0 if config.loss_type in ("token_mean", "dapo") else len(chunk) / total_rows
+                    (loss * scale * self.world_size).backward()  # DDP averages over ranks; we want the sum
+                    for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
+                        sums[key] += metrics[key] * metrics["tokens"]
+                    sums["loss"] += float(loss.detach()) * scale
         norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
         self.optimizer.step()
         self.step += 1
         rewards = {r.run_id: r.reward for r in rows}
         runs = distributed.reduce(float(len(rewards)))
+        checked = [r.fidelity for r in rows if r.role == "rehearse" and r.fidelity is not None]
+        fidelity_count = distributed.reduce(float(len(checked)))
         record = {"step": self.step, "loss": distributed.reduce(sums["loss"]), "grad_norm": float(norm),
                   "reward": distributed.reduce(sum(rewards.values())) / runs,
                   "success": distributed.reduce(sum(v >= 1.0 for v in rewards.values())) / runs,
                   "segments": total_rows, "tokens": total_tokens,
                   **{k: distributed.reduce(sums[k]) / total_tokens for k in ("ratio_mean", "clip_low", "clip_high", "kl")}}
+        if fidelity_count:  # rehearsals checked against real results (mixed / real mode)
+            record["fidelity"] = distributed.reduce(sum(checked)) / fidelity_count
+        if config.real_output_ce:
+            record["ce"] = distributed.reduce(sums["ce"])
         self._log(record)
         return record
 
@@ -305,11 +349,15 @@ def plot_metrics(metrics: Path, png: Path) -> Path | None:
     if not rows:
         return None
     keys = [("reward", "mean task reward"), ("success", "success rate"), ("loss", "loss"), ("kl", "KL (k3)"),
-            ("clip_high", "clipped fraction (high)"), ("grad_norm", "grad norm")]
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
-    steps = [r["step"] for r in rows]
+            ("fidelity", "rehearsal fidelity (real calls)"), ("clip_high", "clipped fraction (high)"),
+            ("grad_norm", "grad norm"), ("ce", "real-output CE")]
+    fig, axes = plt.subplots(2, 4, figsize=(15, 6))
     for ax, (key, title) in zip(axes.flat, keys):
-        ax.plot(steps, [r.get(key, 0.0) for r in rows], marker=".")
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points), marker=".")
+        else:
+            ax.text(0.5, 0.5, "not measured\n(simulated mode / off)", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)
         ax.set_xlabel("step")
     fig.tight_layout()
@@ -347,15 +395,24 @@ class OnlineGRPO(OfflineGRPO):
         self.model.eval()
 
         async def collect() -> list[Any]:
-            runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
-                                                        tools=self.tools, gate=self.gate, sampling=self.sampling,
-                                                        group_id=f"step{self.step + 1}:{task.id}") for task in picked))
+            async with contextlib.AsyncExitStack() as stack:
+                toolbox = None
+                if self.mode != "simulated":  # real / mixed: the suite's server, in process, one episode per run
+                    from envace_mcp.toolbox import Toolbox
+
+                    toolbox = await stack.enter_async_context(Toolbox({self.suite.name: self.suite.build_server()}))
+                runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
+                                                            toolbox=toolbox, tools=self.tools, gate=self.gate,
+                                                            sampling=self.sampling,
+                                                            group_id=f"step{self.step + 1}:{task.id}") for task in picked))
             return [t for group in runs for t in group]
 
         traces = anyio.run(collect)  # train_step is synchronous; rollouts run on their own event loop
+        self.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
             store.append(trace)
         record = self.update(self.trainable_groups(traces))
-        self.policy.prefix_cache = PrefixCache(self.policy.prefix_cache.max_tokens)  # weights changed
+        backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
+        backend.prefix_cache = PrefixCache(backend.prefix_cache.max_tokens)  # weights changed: cached keys are stale
         return record

@@ -22,7 +22,8 @@ def tiny_dir(tmp_path_factory):
 def trainer(tiny_dir, out, **overrides):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = GRPOConfig(lr=1e-3, steps=4, groups_per_step=1, micro_batch=2, checkpoint_every=2, **overrides)
+    config = GRPOConfig(**{"lr": 1e-3, "steps": 4, "groups_per_step": 1, "micro_batch": 2, "checkpoint_every": 2,
+                           **overrides})
     return OfflineGRPO(config, FIXTURES, out, model=AutoModelForCausalLM.from_pretrained(tiny_dir),
                        tokenizer=AutoTokenizer.from_pretrained(tiny_dir))
 
@@ -67,3 +68,26 @@ def test_act_only_and_trajectory_advantages_are_options(tiny_dir, tmp_path):
 def test_traces_without_rewards_or_tokens_are_refused_clearly(tiny_dir, tmp_path):
     with pytest.raises(UserError, match="no trainable groups"):
         trainer(tiny_dir, tmp_path / "x", reward="nonexistent")
+
+
+def test_fidelity_reward_and_real_output_ce_are_off_by_default_and_work_when_on(tiny_dir, tmp_path):
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.rows import segments
+    from envace_mcp.train.trainer import step_advantages
+
+    rows = segments(TraceStore(FIXTURES).read())
+    checked = [r for r in rows if r.role == "rehearse" and r.fidelity is not None]
+    assert checked and all(r.fidelity == 1.0 for r in checked)  # reference rehearsals matched reality
+    checked[0].fidelity = 0.0  # pretend the first one missed
+    plain = step_advantages([rows], GRPOConfig())
+    weighted = step_advantages([rows], GRPOConfig(fidelity_weight=0.5))
+    acts = [i for i, r in enumerate(rows) if r.role == "act"]
+    assert torch.equal(plain[acts], weighted[acts])  # the act role's advantages are untouched
+    missed = rows.index(checked[0])
+    assert weighted[missed] < plain[missed]  # the wrong rehearsal is now below its role's baseline
+
+    default = trainer(tiny_dir, tmp_path / "off").run()
+    assert "ce" not in default[0] and default[0]["fidelity"] == 1.0
+    records = trainer(tiny_dir, tmp_path / "on", real_output_ce=1.0, lora=False).run()
+    assert all("ce" in r for r in records)
+    assert records[-1]["ce"] < records[0]["ce"]  # the rehearse role learns the recorded real outputs

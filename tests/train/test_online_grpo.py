@@ -64,3 +64,29 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     assert all(t.reward("task") is not None and t.mode == "simulated" for t in traces)
     assert max(trainer.policy.batcher.batch_sizes) == 3  # the group's turns were generated together
     assert records[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_online_grpo_in_real_mode_runs_against_the_suite_server_and_scores_its_state(tmp_path, bank_catalog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+
+    folder = build_tiny_qwen3(tmp_path / "tiny")
+    short = SamplingParams(max_new_tokens=6)
+    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, micro_batch=4), get_suite("bank"),
+                         tmp_path / "run", k=2, mode="real", tools=bank_catalog, gate=GateConfig(max_steps=1),
+                         sampling={"act": short, "rehearse": short},
+                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
+    from envace_mcp.policy.forced import ForcedPolicy
+
+    call = '<tool_call>{"name": "list_accounts", "arguments": {"customer_id": "C-0000"}}</tool_call>'
+    trainer.policy = ForcedPolicy(trainer.policy, act=lambda r: "Done." if r.messages else call,
+                                  rehearse=lambda r: '<execution_result>{"accounts": []}</execution_result>')
+    assert trainer.run()[0]["step"] == 1
+    traces = list(TraceStore(tmp_path / "run" / "traces").read())
+    assert len(traces) == 2 and all(t.mode == "real" and t.status == "finished" for t in traces)
+    for trace in traces:  # the call really reached the suite's server, which answered for itself
+        tool = next(s for s in trace.steps if s.role == "tool")
+        assert not tool.simulated and tool.result["is_error"] and "C-0000" in json.dumps(tool.result)
