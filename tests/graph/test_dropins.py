@@ -1,13 +1,12 @@
 """The drop-ins on real agents of the shapes users have: a hand-built StateGraph with a tool node,
 and a `langchain.agents.create_agent` agent with middleware."""
 
-import json
 from typing import Any
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from envace_mcp.eval import Episode

@@ -7,7 +7,6 @@ import pytest
 from envace_mcp.eval import Episode
 from envace_mcp.graph import EnvaceContext, create_envace_graph
 from envace_mcp.graph.tts import rehearse_then_act
-from envace_mcp.policy import RehearseRequest
 from envace_mcp.testing import FunctionPolicy, ScriptedPolicy
 from envace_mcp.toolbox import Toolbox
 

@@ -1,7 +1,5 @@
 """The bundled servers as users run them: subprocesses over stdio and streamable HTTP."""
 
-import json
-import os
 import subprocess
 import sys
 

@@ -1,6 +1,5 @@
 """Traces: schema round trip, recording graph runs, crash-safe storage, concurrency, exact logprobs."""
 
-import asyncio
 import json
 import os
 import re
