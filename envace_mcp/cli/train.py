@@ -24,7 +24,8 @@ def train_sft_command(
     batch_size: int = 4,
     min_reward: float = 1.0,
     bf16: Annotated[bool, typer.Option("--bf16", help="bf16 autocast (1.6-2.2x faster on AMX CPUs and GPUs)")] = False,
-    share_prefix: Annotated[bool, typer.Option(help="run each batch's common prompt prefix once (exact)")] = True,
+    share_prefix: Annotated[bool, typer.Option(help="pack each micro-batch with its common prompt prefix once (exact)")] = False,
+    micro_batch: Annotated[int, typer.Option(help="rows per forward pass (gradients accumulate over --batch-size)")] = 1,
     lora_r: int = 16,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
@@ -44,13 +45,14 @@ def train_sft_command(
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
     config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
-                       bf16=bf16, share_prefix=share_prefix, lora_r=lora_r, lora_alpha=2 * lora_r)
+                       bf16=bf16, share_prefix=share_prefix, micro_batch=micro_batch, lora_r=lora_r, lora_alpha=2 * lora_r)
     out.mkdir(parents=True, exist_ok=True)
     with Progress(console=console) as progress, open(out / "metrics.jsonl", "w") as log:
         bar = progress.add_task("SFT", total=config.epochs * ((len(rows) + batch_size - 1) // batch_size))
 
         def on_step(m: dict[str, float]) -> None:
             log.write(json.dumps(m) + "\n")
+            log.flush()  # readable while training runs
             progress.update(bar, advance=1, description=f"SFT loss {m['loss']:.3f}")
 
         train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)

@@ -18,21 +18,32 @@ from envace_mcp.traces import Reward, TraceStore, record_run
 
 async def record_reference_traces(model: Any, suite_name: str, out: str | Path, *, split: str = "train",
                                   limit: int | None = None, on_task: Callable[[str, float], None] | None = None,
-                                  score: bool = True) -> int:
+                                  score: bool = True, own_rehearsals: bool = False,
+                                  sampling: dict[str, Any] | None = None, only: set[str] | None = None) -> int:
     """Replay each task's reference solution through the graph (real mode, in-process server),
     record it with `model`'s exact tokens and logprobs (`score=False`: tokens only, much faster, enough
-    for SFT), attach the checker's score. Returns runs written."""
+    for SFT), attach the checker's score. `own_rehearsals`: the model rehearses each reference call
+    itself (greedy unless `sampling` says otherwise) and the trace compares it with the real result —
+    the world model's accuracy on real calls. Returns runs written."""
     suite = get_suite(suite_name)
-    tasks = suite.split(split)[:limit] if limit else suite.split(split)
+    tasks = [t for t in suite.split(split) if only is None or t.id in only]
+    tasks = tasks[:limit] if limit else tasks
     store = TraceStore(out)
     graph = create_envace_graph().compile()
     written = 0
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
         for task in tasks:
             episode = Episode(task, suite_name)
-            policy = ForcedPolicy(model, **reference_roles(suite, task), score=score)
-            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=GateConfig(rehearse="all"),
-                                    instructions=suite.server_module.POLICY)
+            roles = reference_roles(suite, task)
+            if own_rehearsals:
+                roles.pop("rehearse", None)
+            policy = ForcedPolicy(model, **roles, score=score)
+            gate = GateConfig(rehearse="all")
+            if own_rehearsals:  # every reference call must really run, whatever the model predicted
+                gate = GateConfig(rehearse="all", feedback_on_predicted_error=False,
+                                  block_destructive_on_predicted_failure=False)
+            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate,
+                                    instructions=suite.server_module.POLICY, sampling=sampling or {})
             state, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},
                                             context=context, task_id=task.id, suite=suite_name, group_id=task.id)
             verdict = suite.check(task, await episode.final_state(toolbox), state.get("final_answer") or "")

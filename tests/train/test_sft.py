@@ -73,3 +73,27 @@ def test_lora_sft_trains_only_the_adapter_and_saves_it(tiny, tmp_path):
     frozen = trained.get_base_model()
     assert all(torch.equal(base[n], p) for n, p in frozen.named_parameters() if "lora_" not in n and n in base)
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
+
+
+def test_reference_runs_with_the_models_own_rehearsals_measure_the_world_model(tiny, tmp_path):
+    """Forced reference actions, the model's own rehearsals, every call really run and compared."""
+    import anyio
+
+    from envace_mcp.eval import get_suite
+    from envace_mcp.policy import SamplingParams, load_policy
+    from envace_mcp.train.reference import record_reference_traces
+
+    suite = get_suite("bank")
+    task = next(t for t in suite.split("test") if t.kind == "fund_and_buy")  # two writes
+    policy = load_policy(str(tiny[2]))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    written = anyio.run(lambda: record_reference_traces(policy, "bank", tmp_path, split="test", only={task.id},
+                                                        score=False, own_rehearsals=True,
+                                                        sampling={"act": greedy, "rehearse": greedy}))
+    trace = next(TraceStore(tmp_path).read())
+    assert written == 1 and trace.reward("task").value == 1.0  # the random model's guesses stopped nothing
+    tools = [s for s in trace.steps if s.role == "tool"]
+    assert [s.tool for s in tools] == [a.tool for a in task.actions] and not any(s.simulated for s in tools)
+    assert all(s.comparison is not None and s.comparison.score == 0.0 for s in tools)  # random model: wrong
+    rehearsals = [s for s in trace.steps if s.role == "rehearse"]
+    assert all(len(s.completion_ids) <= 8 and s.logprobs for s in rehearsals)  # sampled by the model itself

@@ -1,0 +1,141 @@
+"""Held-out evidence for the embedded model, with or without an adapter, on the bank test split.
+
+    python benchmarks/training_evidence.py --tasks 24 [--adapter DIR] [--label NAME] [--out DIR]
+
+Test tasks (entities and amounts disjoint from train) are taken round-robin over task kinds.
+1. agent: the EnvACE graph in real mode (rehearse -> gate -> act) against the in-process bank
+   server, greedy decoding; success = checker score 1.0; first-call exact = the first tool call
+   equals the reference's first action (name and arguments).
+2. world model: the reference actions are forced, the model rehearses every call itself, the gate
+   lets every call run, and each rehearsal is compared with the real result: field accuracy (mean
+   match score), status accuracy (predicted error <-> real error).
+Appends one JSON line per run to OUT/results.jsonl and prints a table of every line so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pick(tasks: list, n: int) -> list:
+    kinds: dict[str, list] = {}
+    for task in tasks:
+        kinds.setdefault(task.kind, []).append(task)
+    picked, lists = [], list(kinds.values())
+    while len(picked) < n and any(lists):
+        for bucket in lists:
+            if bucket and len(picked) < n:
+                picked.append(bucket.pop(0))
+    return picked
+
+
+async def agent_runs(policy, suite, tasks, sampling, concurrency, out: Path) -> dict:
+    from envace_mcp.eval import run_task
+    from envace_mcp.toolbox import Toolbox
+    from envace_mcp.traces import TraceStore
+
+    store = TraceStore(out)
+    limit = asyncio.Semaphore(concurrency)
+    async with Toolbox({suite.name: suite.build_server()}) as toolbox:
+        async def one(task):
+            async with limit:
+                return await run_task(suite, task, policy=policy, toolbox=toolbox, sampling=sampling, store=store)
+
+        runs = await asyncio.gather(*(one(t) for t in tasks))
+    exact = 0
+    for run in runs:
+        first = next((s for s in run.trace.steps if s.role == "tool"), None)
+        want = run.task.actions[0] if run.task.actions else None
+        if first is not None and want is not None and first.tool == want.tool and first.arguments == want.arguments:
+            exact += 1
+        elif first is None and want is None:
+            exact += 1
+    return {"success": sum(r.verdict.score >= 1.0 for r in runs) / len(runs),
+            "score": sum(r.verdict.score for r in runs) / len(runs), "first_call_exact": exact / len(runs)}
+
+
+async def world_model(policy, suite, tasks, sampling, out: Path) -> dict:
+    from envace_mcp.train.reference import record_reference_traces
+
+    ids = {t.id for t in tasks}
+    await record_reference_traces(policy, suite.name, out, split="test", score=False, own_rehearsals=True,
+                                  sampling=sampling, only=ids)
+    return world_scores(out)
+
+
+def world_scores(folder: Path) -> dict:
+    """Field accuracy (mean match score) and status accuracy (a *valid* rehearsal that predicted an
+    error exactly when the real call failed; an unusable rehearsal counts as wrong) over real calls."""
+    from envace_mcp.traces import TraceStore
+
+    scores, status = [], []
+    for trace in TraceStore(folder).read():
+        predicted = {s.call_id: (s.parsed or {}).get("status") for s in trace.steps if s.role == "rehearse"}
+        for step in trace.steps:
+            if step.role == "tool" and step.comparison is not None:
+                scores.append(step.comparison.score)
+                guess = predicted.get(step.call_id)
+                real_error = bool((step.result or {}).get("is_error"))
+                status.append(guess in ("result", "tool_error") and (guess == "tool_error") == real_error)
+    return {"field_accuracy": sum(scores) / max(len(scores), 1), "status_accuracy": sum(status) / max(len(status), 1),
+            "real_calls": len(scores)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=24)
+    parser.add_argument("--adapter", default=None)
+    parser.add_argument("--label", default=None)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--out", default="evidence")
+    parser.add_argument("--skip-agent", action="store_true")
+    parser.add_argument("--rescore", action="store_true", help="recompute the world-model scores of OUT/results.jsonl from its traces")
+    args = parser.parse_args()
+
+    from envace_mcp.eval import get_suite
+    from envace_mcp.policy import SamplingParams, load_policy
+
+    out = Path(args.out)
+    if args.rescore:
+        rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        rows = [r | world_scores(out / r["label"] / "world") for r in rows]
+        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        show(out)
+        return
+
+    suite = get_suite("bank")
+    tasks = pick(suite.split("test"), args.tasks)
+    label = args.label or (Path(args.adapter).name if args.adapter else "base")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    sampling = {"act": greedy, "rehearse": greedy}
+    policy = load_policy(None, adapter=args.adapter)
+    started = time.perf_counter()
+    row: dict = {"label": label, "adapter": args.adapter, "tasks": len(tasks)}
+    if not args.skip_agent:
+        row |= asyncio.run(agent_runs(policy, suite, tasks, sampling, args.concurrency, out / label / "agent"))
+    row |= asyncio.run(world_model(policy, suite, tasks, sampling, out / label / "world"))
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    with open(out / "results.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    show(out)
+
+
+def show(out: Path) -> None:
+    print(f"{'label':14s} {'tasks':>5s} {'success':>8s} {'score':>6s} {'1st call':>8s} {'fields':>7s} {'status':>7s} {'calls':>5s}")
+    for line in (out / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        print(f"{r['label']:14s} {r['tasks']:5d} {r.get('success', float('nan')):8.3f} {r.get('score', float('nan')):6.3f} "
+              f"{r.get('first_call_exact', float('nan')):8.3f} {r['field_accuracy']:7.3f} {r['status_accuracy']:7.3f} "
+              f"{r['real_calls']:5d}")
+
+
+if __name__ == "__main__":
+    main()
