@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--out", default="evidence")
     parser.add_argument("--skip-agent", action="store_true")
+    parser.add_argument("--skip-world", action="store_true")
     parser.add_argument("--rescore", action="store_true", help="recompute the world-model scores of OUT/results.jsonl from its traces")
     args = parser.parse_args()
 
@@ -106,7 +107,7 @@ def main() -> None:
     out = Path(args.out)
     if args.rescore:
         rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-        rows = [r | world_scores(out / r["label"] / "world") for r in rows]
+        rows = [r | world_scores(out / r["label"] / "world") if (out / r["label"] / "world").exists() else r for r in rows]
         (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         show(out)
         return
@@ -121,7 +122,8 @@ def main() -> None:
     row: dict = {"label": label, "adapter": args.adapter, "tasks": len(tasks)}
     if not args.skip_agent:
         row |= asyncio.run(agent_runs(policy, suite, tasks, sampling, args.concurrency, out / label / "agent"))
-    row |= asyncio.run(world_model(policy, suite, tasks, sampling, out / label / "world"))
+    if not args.skip_world:
+        row |= asyncio.run(world_model(policy, suite, tasks, sampling, out / label / "world"))
     row["seconds"] = round(time.perf_counter() - started, 1)
     with open(out / "results.jsonl", "a") as fh:
         fh.write(json.dumps(row) + "\n")
@@ -133,8 +135,8 @@ def show(out: Path) -> None:
     for line in (out / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
         print(f"{r['label']:14s} {r['tasks']:5d} {r.get('success', float('nan')):8.3f} {r.get('score', float('nan')):6.3f} "
-              f"{r.get('first_call_exact', float('nan')):8.3f} {r['field_accuracy']:7.3f} {r['status_accuracy']:7.3f} "
-              f"{r['real_calls']:5d}")
+              f"{r.get('first_call_exact', float('nan')):8.3f} {r.get('field_accuracy', float('nan')):7.3f} "
+              f"{r.get('status_accuracy', float('nan')):7.3f} {r.get('real_calls', 0):5d}")
 
 
 if __name__ == "__main__":
