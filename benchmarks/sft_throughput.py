@@ -45,14 +45,13 @@ def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str) -> di
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.rows import prefix_order, prepare_for_training
-    from envace_mcp.train.sft import sft_loss, sft_rows
+    from envace_mcp.train.sft import sft_loss, sft_rows, target_encoding
 
     per_batch, share, checkpointing, bf16 = VARIANTS[name]
     batch_size = per_batch or batch_size
     model_dir = str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    rows = sft_rows(TraceStore(folder).read(), encode, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    rows = sft_rows(TraceStore(folder).read(), *target_encoding(tokenizer))
     rows = [rows[i] for i in sorted(random.Random(0).sample(range(len(rows)), min(rows_wanted, len(rows))))]
     order = prefix_order(rows)
     chunks = [[rows[i] for i in order[s: s + batch_size]] for s in range(0, len(order), batch_size)]

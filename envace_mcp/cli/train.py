@@ -33,15 +33,13 @@ def train_sft_command(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envace_mcp.policy.embedded import embedded_model_dir
-    from envace_mcp.train.sft import SFTConfig, sft_rows, train_sft
+    from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
 
     name = model or str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(name)
     lm = AutoModelForCausalLM.from_pretrained(name)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    rows = sft_rows(_store(traces).read(), encode, end if isinstance(end, int) else tokenizer.eos_token_id,
-                    min_reward=min_reward)
+    encode, end = target_encoding(tokenizer)
+    rows = sft_rows(_store(traces).read(), encode, end, min_reward=min_reward)
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
     config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),

@@ -43,29 +43,22 @@ class ForcedPolicy(PromptPolicy):
         self.score = score
         """False: token ids only, no forward pass (SFT needs no logprobs; offline GRPO does)."""
 
-    def _text(self, role: Role, request: Any) -> None:
+    async def _answer(self, role: Role, request: Any, sampling: SamplingParams | None) -> Generation[Any]:
         fn = self.functions[role]
-        assert fn is not None  # roles without a function go to the base policy
+        if fn is None:  # the model itself answers this role
+            return await getattr(self.base, role)(request, sampling)
         _TEXT.set(fn(request))
+        return await getattr(super(), role)(request, sampling)
 
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
         return self.base.force(self.base.render(chat, tools), _TEXT.get(), sampling.temperature or 1.0, score=self.score)
 
     async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[Any]:
-        if self.functions["act"] is None:
-            return await self.base.act(request, sampling)
-        self._text("act", request)
-        return await super().act(request, sampling)
+        return await self._answer("act", request, sampling)
 
     async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Any]:
-        if self.functions["rehearse"] is None:
-            return await self.base.rehearse(request, sampling)
-        self._text("rehearse", request)
-        return await super().rehearse(request, sampling)
+        return await self._answer("rehearse", request, sampling)
 
     async def critique(self, request: CritiqueRequest, sampling: SamplingParams | None = None) -> Generation[Any]:
-        if self.functions["critique"] is None:
-            return await self.base.critique(request, sampling)
-        self._text("critique", request)
-        return await super().critique(request, sampling)
+        return await self._answer("critique", request, sampling)

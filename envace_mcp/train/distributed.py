@@ -44,6 +44,16 @@ def reduce(value: float, op: str = "sum") -> float:
     return float(tensor.item())
 
 
+def reduce_all(values: dict[str, float]) -> dict[str, float]:
+    """Each value summed over ranks, in one all-reduce; a copy of `values` when not distributed."""
+    if not dist.is_initialized():
+        return {k: float(v) for k, v in values.items()}
+    keys = sorted(values)  # the same order on every rank
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device())
+    dist.all_reduce(tensor)
+    return dict(zip(keys, tensor.tolist()))
+
+
 def gather(values: list[float]) -> list[float]:
     """Every rank's list, concatenated in rank order."""
     if not dist.is_initialized():

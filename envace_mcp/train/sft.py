@@ -39,6 +39,15 @@ def real_result_text(result: dict[str, Any]) -> str:
     return f"<execution_result>{json.dumps(payload, ensure_ascii=False)}</execution_result>"
 
 
+def target_encoding(tokenizer: Any) -> tuple[Callable[[str], list[int]], int]:
+    """How `sft_rows` turns real results into target tokens for `tokenizer`: an encoder without
+    special tokens, and the end-of-turn id (`<|im_end|>` for ChatML templates, else EOS)."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if not isinstance(end, int) or end == tokenizer.unk_token_id:
+        end = tokenizer.eos_token_id
+    return (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]), end
+
+
 def sft_rows(traces: Iterable[Trace], encode: Callable[[str], list[int]], end_id: int, *, reward: str = "task",
              min_reward: float = 1.0, roles: tuple[str, ...] = ("act", "rehearse")) -> list[Segment]:
     rows: list[Segment] = []

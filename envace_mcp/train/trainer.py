@@ -176,12 +176,9 @@ class OfflineGRPO:
 
     def _add_ce_rows(self, traces: list[Any]) -> None:
         """Rehearse prompts with the recorded real results as targets, by group (for `real_output_ce`)."""
-        from envace_mcp.train.sft import sft_rows
+        from envace_mcp.train.sft import sft_rows, target_encoding
 
-        tokenizer = self.tokenizer
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        end = end if isinstance(end, int) and end != tokenizer.unk_token_id else tokenizer.eos_token_id
-        encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        encode, end = target_encoding(self.tokenizer)
         for row in sft_rows(traces, encode, end, roles=("rehearse",), reward=self.config.reward):
             self.ce_rows[_group_key(row)].append(row)
 
@@ -261,7 +258,8 @@ class OfflineGRPO:
             return record
         self.engine.train()
         self.optimizer.zero_grad()
-        sums: dict[str, float] = defaultdict(float)
+        # the same keys on every rank (their sums are all-reduced together), even on a rank with no rows
+        sums = dict.fromkeys(("loss", "ce", "ratio_mean", "clip_low", "clip_high", "kl"), 0.0)
         ce_rows = [r for g in groups for r in self.ce_rows.get(_group_key(g[0]), [])] if config.real_output_ce else []
         ce_tokens = distributed.reduce(float(sum(len(r.completion_ids) for r in ce_rows))) if config.real_output_ce else 0.0
         jobs: list[tuple[str, int]] = [("ce", s) for s in range(0, len(ce_rows), config.micro_batch)]
@@ -297,18 +295,18 @@ class OfflineGRPO:
         self.optimizer.step()
         self.step += 1
         rewards = {r.run_id: r.reward for r in rows}
-        runs = distributed.reduce(float(len(rewards)))
         checked = [r.fidelity for r in rows if r.role == "rehearse" and r.fidelity is not None]
-        fidelity_count = distributed.reduce(float(len(checked)))
-        record = {"step": self.step, "loss": distributed.reduce(sums["loss"]), "grad_norm": float(norm),
-                  "reward": distributed.reduce(sum(rewards.values())) / runs,
-                  "success": distributed.reduce(sum(v >= 1.0 for v in rewards.values())) / runs,
+        sums |= {"reward": sum(rewards.values()), "success": sum(v >= 1.0 for v in rewards.values()),
+                 "runs": len(rewards), "fidelity": sum(checked), "checked": len(checked)}
+        sums = distributed.reduce_all(sums)  # the whole step's sums, one all-reduce
+        record = {"step": self.step, "loss": sums["loss"], "grad_norm": float(norm),
+                  "reward": sums["reward"] / sums["runs"], "success": sums["success"] / sums["runs"],
                   "segments": total_rows, "tokens": total_tokens,
-                  **{k: distributed.reduce(sums[k]) / total_tokens for k in ("ratio_mean", "clip_low", "clip_high", "kl")}}
-        if fidelity_count:  # rehearsals checked against real results (mixed / real mode)
-            record["fidelity"] = distributed.reduce(sum(checked)) / fidelity_count
+                  **{k: sums[k] / total_tokens for k in ("ratio_mean", "clip_low", "clip_high", "kl")}}
+        if sums["checked"]:  # rehearsals checked against real results (mixed / real mode)
+            record["fidelity"] = sums["fidelity"] / sums["checked"]
         if config.real_output_ce:
-            record["ce"] = distributed.reduce(sums["ce"])
+            record["ce"] = sums["ce"]
         self._log(record)
         return record
 
@@ -385,12 +383,10 @@ class OnlineGRPO(OfflineGRPO):
         self.tasks = suite.split(split)
         self.policy = TransformersPolicy(self.model, self.tokenizer, name=f"{config.model or 'embedded'} (training)",
                                          max_batch_size=max(16, k))
-        self.groups = [[] for _ in self.tasks]  # the order cycles over tasks
 
     def train_step(self) -> dict[str, float]:
         import anyio
 
-        from envace_mcp.traces import TraceStore
         from envace_mcp.train.rollouts import rollout_group
         from envace_mcp.policy.transformers_backend import PrefixCache
 
