@@ -14,7 +14,8 @@ from envace_mcp.traces import TraceStore
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "traces"
 WORKER = Path(__file__).parent / "ddp_worker.py"
-CONFIGS = [{}, {"loss_type": "sequence_mean", "scale_rewards": "batch", "advantage": "trajectory", "share_prefix": True}]
+CONFIGS = [{}, {"loss_type": "sequence_mean", "scale_rewards": "batch", "advantage": "trajectory", "share_prefix": True},
+           {"groups_per_step": 1}]  # rank 1 gets no group: it must still join the all-reduce
 
 
 def two_groups(folder: Path) -> Path:
@@ -62,6 +63,6 @@ def test_two_processes_make_the_single_process_update(tmp_path):
         assert torch.allclose(p_one[clear], p_ddp[clear], atol=1e-6)
         metrics = [json.loads(line) for tag in ("single", "rank0")
                    for line in (tmp_path / "out" / f"{tag}-{index}" / "metrics.jsonl").read_text().splitlines()]
-        assert metrics[0]["segments"] == metrics[1]["segments"] == 16
+        assert metrics[0]["segments"] == metrics[1]["segments"] == 8 * CONFIGS[index].get("groups_per_step", 2)
         assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], abs=1e-5)
     assert not (tmp_path / "out" / "rank1-0" / "metrics.jsonl").exists()  # rank 0 alone writes
