@@ -19,8 +19,15 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     assert refs.returncode == 0, refs.stderr
     stats = cli("traces", "stats", str(tmp_path / "refs"))
     assert "100.0%" in stats.stdout and "1.000 over" in stats.stdout  # references succeed, simulator exact
-    sft = cli("train", "sft", "--traces", str(tmp_path / "refs"), "--out", str(tmp_path / "sft"), "--model", model,
-              "--epochs", "1")
+    fast = cli("traces", "reference", str(tmp_path / "fast"), "--suite", "bank", "--limit", "3", "--model", model,
+               "--no-logprobs")  # token ids only: what SFT needs
+    assert fast.returncode == 0, fast.stderr
+    from envace_mcp.traces import TraceStore
+
+    steps = [s for t in TraceStore(tmp_path / "fast").read() for s in t.steps if s.role in ("act", "rehearse")]
+    assert steps and all(s.prompt_ids and s.completion_ids and s.logprobs is None for s in steps)
+    sft = cli("train", "sft", "--traces", str(tmp_path / "fast"), "--out", str(tmp_path / "sft"), "--model", model,
+              "--epochs", "1", "--bf16", "--micro-batch", "2", "--share-prefix")
     assert sft.returncode == 0, sft.stderr
     assert (tmp_path / "sft" / "adapter_config.json").exists()
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) >= 1
