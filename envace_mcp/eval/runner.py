@@ -45,9 +45,9 @@ async def run_task(
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.traces import Reward, record_run
 
-    episode = Episode(task, suite.name)
-    context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate or GateConfig(),
-                            mode=mode, instructions=suite.server_module.POLICY, sampling=sampling or {})
+    episode = suite.episode(task)
+    context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox), gate=gate or GateConfig(),
+                            mode=mode, instructions=suite.instructions, sampling=sampling or {})
     graph = create_envace_graph()
     attempts: list[Any] = []
     if rehearse_n > 0:
@@ -57,8 +57,7 @@ async def run_task(
                                     context=context, store=store, on_update=on_update, task_id=task.id,
                                     suite=suite.name, group_id=group_id,
                                     rehearsal={"n": rehearse_n, "strategy": strategy} if rehearse_n else {})
-    final = await episode.final_state(toolbox)
-    verdict = suite.check(task, final, state.get("final_answer") or "")
+    verdict = await suite.score(episode, toolbox, state)
     reward = Reward(name="task", value=verdict.score, details=verdict.to_dict())
     trace.rewards.append(reward)
     if store is not None:  # the run itself was stored by record_run, failed or not

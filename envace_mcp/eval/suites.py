@@ -43,13 +43,39 @@ class Suite:
         return [t for t in self.tasks if t.split == split]
 
     def task(self, task_id: str) -> Task:
-        for task in self.tasks:
-            if task.id == task_id:
-                return task
-        raise UserError(f"no task {task_id!r} in suite {self.name!r}")
+        return find_task(self, task_id)
 
     def check(self, task: Task, final_state: dict[str, Any] | None, answer: str) -> CheckResult:
         return self._tasks_module.check(task, final_state, answer)
+
+    @property
+    def instructions(self) -> str:
+        """The domain policy the agent is given as its system instructions."""
+        return self.server_module.POLICY
+
+    @property
+    def transports(self) -> tuple[str, ...]:
+        return ("inprocess", "stdio", "http")
+
+    @contextmanager
+    def servers(self, transport: str = "inprocess") -> Iterator[dict[str, Any]]:
+        """The `mcpServers` mapping that serves this suite over `transport` (for `Toolbox`)."""
+        if transport == "inprocess":
+            yield {self.name: self.build_server()}
+        elif transport == "stdio":
+            yield {self.name: self.stdio_config()}
+        elif transport == "http":
+            with self.serve_http() as url:
+                yield {self.name: {"url": url}}
+        else:
+            raise UserError(f"suite {self.name!r} is served over {', '.join(self.transports)}, not {transport!r}")
+
+    def episode(self, task: Task) -> Episode:
+        return Episode(task, self.name)
+
+    async def score(self, episode: Episode, toolbox: Any, state: dict[str, Any]) -> CheckResult:
+        """The checker's verdict on an episode's final server state and the run's final answer."""
+        return self.check(episode.task, await episode.final_state(toolbox), state.get("final_answer") or "")
 
     def build_server(self) -> Any:
         """A fresh in-process server object for this suite (tests, fast rollouts)."""
@@ -84,6 +110,15 @@ class Suite:
                 proc.stderr.close()
 
 
+def find_task(suite: Any, task_id: str) -> Task:
+    """A suite's task by id, or a clear error naming a few that exist."""
+    for task in suite.tasks:
+        if task.id == task_id:
+            return task
+    some = ", ".join(t.id for t in list(suite.tasks)[:5])
+    raise UserError(f"no task {task_id!r} in suite {suite.name!r} (ids look like: {some}, ...)")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -110,10 +145,22 @@ def suites() -> list[str]:
     return list(_SUITES)
 
 
-def get_suite(name: str, seed: int = 0) -> Suite:
+_EXTERNAL = ("tau2-airline", "tau2-retail")
+
+
+def get_suite(name: str, seed: int = 0) -> Any:
+    """A bundled suite (`Suite`) or an external benchmark's adapter with the same interface."""
+    if name in _EXTERNAL:
+        from envace_mcp.eval.tau2 import Tau2Suite
+
+        return Tau2Suite(name.removeprefix("tau2-"))
     if name not in _SUITES:
-        raise UserError(f"unknown suite {name!r}; bundled suites: {', '.join(_SUITES)}")
+        raise UserError(f"unknown suite {name!r}; bundled: {', '.join(_SUITES)}; external: {', '.join(_EXTERNAL)}")
     return Suite(name, seed)
+
+
+def external_suites() -> list[str]:
+    return list(_EXTERNAL)
 
 
 @dataclass
@@ -129,6 +176,10 @@ class Episode:
     def meta(self) -> dict[str, str]:
         """The `_meta` every call of this episode carries."""
         return {EPISODE_KEY: self.key, TASK_KEY: self.task.id}
+
+    def scope(self, toolbox: Any) -> Any:
+        """The view of `toolbox` the agent gets for this episode."""
+        return toolbox.scoped(self.meta)
 
     async def final_state(self, toolbox: Any) -> dict[str, Any]:
         """The episode's state as the server holds it (the task's initial state if untouched)."""

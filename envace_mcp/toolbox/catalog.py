@@ -110,6 +110,17 @@ class ToolSpec:
             validator=self.validator,
         )
 
+    def without_parameters(self, names: Iterable[str]) -> ToolSpec:
+        """This tool with some top-level parameters removed from its input schema (bound elsewhere)."""
+        drop = set(names)
+        schema = dict(self.input_schema)
+        schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items() if k not in drop}
+        if "required" in schema:
+            schema["required"] = [r for r in schema["required"] if r not in drop]
+        return ToolSpec.create(remote_name=self.remote_name, server=self.server, description=self.description,
+                               input_schema=schema, output_schema=self.output_schema,
+                               annotations=self.annotations, name=self.name)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (what `envace servers ls --json` prints and prompts render)."""
         return {
