@@ -7,11 +7,12 @@
     envace tasks ls bank --split test
     envace tasks show bank/test/0004
     envace call get_balance '{"account_id": "CHK-1"}' --servers mcp.json
+    envace eval --suite bank --split test --limit 12 --out runs/bank [--compare rehearse=2]
 """
 
 from __future__ import annotations
 
-from envace_mcp.cli import agent, policy, servers, traces, train  # noqa: F401 - they register the commands
+from envace_mcp.cli import agent, evaluation, policy, servers, traces, train  # noqa: F401 - they register the commands
 from envace_mcp.cli._common import (
     app,
     policy_app,

@@ -9,7 +9,6 @@ from — act tokens from successful runs, rehearse tokens matched to real result
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from langchain_core.messages import AIMessage
 from envace_mcp.eval.suites import Suite
 from envace_mcp.policy.prompts import tool_call_text
 from envace_mcp.policy.types import ActRequest, RehearseRequest
-from envace_mcp.servers._common import DomainError, Task
+from envace_mcp.servers._common import Task
 
 
 def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
@@ -34,19 +33,8 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
         return task.answer if answer is None else answer
 
     def rehearse(request: RehearseRequest) -> str:
-        state = copy.deepcopy(task.initial_state)
         done = sum(1 for m in request.history if isinstance(m, AIMessage) and m.tool_calls)
-        for action in steps[:done]:
-            try:
-                suite.server_module.apply(state, action.tool, dict(action.arguments))
-            except DomainError:
-                pass
-        try:
-            result = suite.server_module.apply(state, request.call.name, dict(request.call.arguments))
-        except DomainError as exc:
-            result = {"error_tool_call": {"code": "EXECUTION_ERROR", "message": str(exc)}}
-        except (KeyError, TypeError) as exc:
-            result = {"error_tool_call": {"code": "INVALID_PARAMETERS", "details": str(exc)}}
+        result = suite.reference_result(task, steps[:done], request.call.name, dict(request.call.arguments))
         return f"<execution_result>{json.dumps(result, ensure_ascii=False)}</execution_result>"
 
     return {"act": act, "rehearse": rehearse}

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from envace_mcp.errors import UserError
-from envace_mcp.servers._common import EPISODE_KEY, STATE_URI, TASK_KEY, CheckResult, Task
+from envace_mcp.servers._common import EPISODE_KEY, STATE_URI, TASK_KEY, CheckResult, DomainError, Task, replay
 from envace_mcp.toolbox import ToolResult
 
 
@@ -76,6 +76,16 @@ class Suite:
     async def score(self, episode: Episode, toolbox: Any, state: dict[str, Any]) -> CheckResult:
         """The checker's verdict on an episode's final server state and the run's final answer."""
         return self.check(episode.task, await episode.final_state(toolbox), state.get("final_answer") or "")
+
+    def reference_result(self, task: Task, done: Sequence[Any], name: str, arguments: dict[str, Any]) -> Any:
+        """What the server returns for a call after the actions `done`: a perfect world model."""
+        state = replay(task.initial_state, list(done), self.server_module.apply)
+        try:
+            return self.server_module.apply(state, name, dict(arguments))
+        except DomainError as exc:
+            return {"error_tool_call": {"code": "EXECUTION_ERROR", "message": str(exc)}}
+        except (KeyError, TypeError) as exc:
+            return {"error_tool_call": {"code": "INVALID_PARAMETERS", "details": str(exc)}}
 
     def build_server(self) -> Any:
         """A fresh in-process server object for this suite (tests, fast rollouts)."""

@@ -137,6 +137,20 @@ class Tau2Suite:
                 pass
         return db
 
+    def reference_result(self, task: Task, done: list[Any], name: str, arguments: dict[str, Any]) -> Any:
+        """What the server answers for a call after the actions `done` (a perfect world model)."""
+        db = self.replay([(a.tool, dict(a.arguments)) for a in done])
+        try:
+            result = self.module._execute_tool(db, name, dict(arguments))
+        except Exception as exc:  # noqa: BLE001 - τ² reports every failure as an "Error: ..." message
+            return {"error_tool_call": {"code": "EXECUTION_ERROR", "message": f"Error: {exc}"}}
+        if isinstance(result, str):  # the agent reads text results as JSON where they are JSON ("26.48")
+            try:
+                return json.loads(result)
+            except ValueError:
+                return result
+        return result
+
     def check(self, task: Task, calls: list[tuple[str, dict[str, Any]]], messages: list[str]) -> CheckResult:
         criteria = self.raw_tasks[task.id].get("evaluation_criteria") or {}
         basis = criteria.get("reward_basis") or ["DB"]

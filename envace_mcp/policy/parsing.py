@@ -215,9 +215,12 @@ def parse_prediction(text: str, call: ToolCall, tool: ToolSpec | None) -> Predic
         value, repaired = loads_lenient(payload)
     except ValueError as exc:
         return _invalid(call, "INVALID_JSON", f"the execution result is not JSON: {exc}")
-    if not isinstance(value, (dict, list)) or not value:
-        return _invalid(call, "WRONG_TYPE", "the execution result must be a non-empty JSON object or array",
-                        result=value, repaired=repaired)
+    # MCP output schemas describe objects; a tool without one may answer anything (τ²'s `calculate`
+    # returns a number, `transfer_to_human_agents` a sentence, a search an empty list).
+    structured = tool is not None and bool(tool.output_schema)
+    if value is None or (structured and (not isinstance(value, dict) or not value)):
+        return _invalid(call, "WRONG_TYPE", "the execution result must be a non-empty JSON object"
+                        if structured else "the execution result must not be null", result=value, repaired=repaired)
     if isinstance(value, dict) and "error_tool_call" in value:
         error = value["error_tool_call"]
         error = error if isinstance(error, dict) else {"message": str(error)}

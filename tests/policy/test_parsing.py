@@ -70,6 +70,7 @@ def test_a_plain_reply_is_the_final_answer():
         ("<execution_result>balance is one</execution_result>", "invalid", "INVALID_JSON"),
         ("<execution_result>42</execution_result>", "invalid", "WRONG_TYPE"),
         ("<execution_result>{}</execution_result>", "invalid", "WRONG_TYPE"),
+        ("<execution_result>null</execution_result>", "invalid", "WRONG_TYPE"),
         ('<execution_result>{"balance": "lots"}</execution_result>', "invalid", "OUTPUT_SCHEMA_MISMATCH"),
     ],
 )
@@ -155,3 +156,11 @@ def test_prompt_schemas_drop_titles_but_keep_properties_named_title():
     assert compact_schema(schema) == {"type": "object", "properties": {"title": {"type": "string"},
                                                                         "n": {"type": "integer", "minimum": 1}},
                                       "$defs": {"Line": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("payload,value", [('"Transfer successful"', "Transfer successful"), ("2.0", 2.0), ("[]", [])])
+def test_tools_without_an_output_schema_may_be_predicted_to_return_any_json(payload, value):
+    untyped = ToolSpec.create(remote_name="calculate", server="s", description="", input_schema=None,
+                              output_schema=None, annotations=ToolAnnotations())
+    prediction = parse_prediction(f"<execution_result>{payload}</execution_result>", CALL, untyped)
+    assert prediction.status == "result" and prediction.result == value

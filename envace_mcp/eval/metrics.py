@@ -1,0 +1,156 @@
+"""Evaluation metrics as small pure functions over traces, tasks and per-run records.
+
+- task success: mean checker score, pass@1, pass^k over k repeats (τ-bench's "all k succeed"), pass@k;
+- tool calls against the reference actions: precision / recall / F1 (FinMCP-Bench's metric: a made call
+  counts once per matching reference call, by name and arguments) and exact match of the sequence;
+- rehearsal fidelity on executed calls: exact match, field accuracy (mean match score), error
+  prediction accuracy (a *usable* rehearsal predicted an error exactly when the real call failed);
+- cost: generated tokens by role, real tool calls, calls the gate stopped, wall time;
+- paired comparison of two configurations on the same tasks, with a bootstrap confidence interval.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from math import comb
+from typing import Any
+
+Call = tuple[str, Any]
+STOPPED = ("block", "feedback", "budget", "reject", "rejected_by_human")
+"""Gate decisions that kept a proposed call from running."""
+
+
+def _key(call: Call) -> tuple[str, str]:
+    name, arguments = call
+    return name, json.dumps(arguments if arguments is not None else {}, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def call_match(made: Sequence[Call], reference: Sequence[Call]) -> dict[str, Any]:
+    """Multiset match of made vs reference calls by (name, arguments); also by name alone."""
+    made_keys, ref_keys = Counter(map(_key, made)), Counter(map(_key, reference))
+    tp = sum((made_keys & ref_keys).values())
+    tp_name = sum((Counter(n for n, _ in made) & Counter(n for n, _ in reference)).values())
+    return {"made": len(made), "reference": len(reference), "tp": tp, "tp_name": tp_name,
+            "exact": [_key(c) for c in made] == [_key(c) for c in reference]}
+
+
+def prf(tp: int, made: int, reference: int) -> dict[str, float]:
+    """Precision, recall, F1; an agent that makes no call on a task with none is perfect there."""
+    precision = tp / made if made else (1.0 if reference == 0 else 0.0)
+    recall = tp / reference if reference else (1.0 if made == 0 else 0.0)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def pass_hat_k(successes: int, n: int, k: int) -> float:
+    """τ-bench's pass^k for one task: the chance that k of its n runs, drawn without replacement, all pass."""
+    return comb(successes, k) / comb(n, k) if k <= n else float("nan")
+
+
+def pass_at_k(successes: int, n: int, k: int) -> float:
+    """The chance that at least one of k runs drawn from n passes (Codex's unbiased estimator)."""
+    return 1.0 - comb(n - successes, k) / comb(n, k) if k <= n else float("nan")
+
+
+def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bool = False,
+               repeat: int = 0) -> dict[str, Any]:
+    """What one run contributes to the metrics, read from its trace."""
+    made: list[Call] = []
+    fidelity: list[dict[str, Any]] = []
+    tokens: Counter[str] = Counter()
+    gate: Counter[str] = Counter()
+    predicted = {s.call_id: (s.parsed or {}).get("status") if isinstance(s.parsed, dict) else None
+                 for s in trace.steps if s.role == "rehearse"}
+    for step in trace.steps:
+        if step.role in ("act", "rehearse", "critique") and step.completion_ids:
+            tokens[step.role] += len(step.completion_ids)
+        elif step.role == "gate" and step.decision:
+            gate[step.decision] += 1
+        elif step.role == "tool" and step.decision in ("execute", "simulate", None) and step.tool:
+            made.append((step.tool, step.arguments or {}))
+            if step.comparison is not None and not step.simulated:
+                guess = predicted.get(step.call_id)
+                real_error = bool((step.result or {}).get("is_error"))
+                fidelity.append({"score": step.comparison.score, "exact": step.comparison.score >= 1.0,
+                                 "error_ok": guess in ("result", "tool_error") and (guess == "tool_error") == real_error})
+    real_calls = sum(1 for s in trace.steps if s.role == "tool" and s.decision in ("execute", None) and not s.simulated)
+    return {
+        "task_id": task.id, "kind": getattr(task, "kind", None), "repeat": repeat, "run_id": trace.run_id,
+        "score": score, "passed": score is not None and score >= 1.0, "judge_required": judge_required,
+        "status": trace.status,
+        "calls": call_match(made, [(a.tool, dict(a.arguments)) for a in task.actions]),
+        "fidelity": fidelity, "tokens": dict(tokens), "gate": dict(gate), "real_calls": real_calls,
+        "stopped_calls": sum(gate[d] for d in STOPPED),
+        "wall_s": (trace.ended_at or trace.started_at) - trace.started_at,
+    }
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate per-run records. Tasks needing a language judge are summarised apart (`judged_apart`)."""
+    scored = [r for r in records if not r["judge_required"]]
+    apart = [r for r in records if r["judge_required"]]
+    out = _summary(scored)
+    if apart:
+        out["judged_apart"] = {"tasks": len({r["task_id"] for r in apart}), "runs": len(apart),
+                               "partial_score": _mean(r["score"] for r in apart if r["score"] is not None),
+                               "note": "reward needs a language judge (NL assertions): only the other components scored"}
+    return out
+
+
+def _summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_task.setdefault(r["task_id"], []).append(r)
+    n = min((len(v) for v in by_task.values()), default=0)
+    success = {"tasks": len(by_task), "runs": len(records), "repeats": n,
+               "score": _mean(r["score"] for r in records if r["score"] is not None),
+               "pass@1": _mean(_mean(float(r["passed"]) for r in v) for v in by_task.values())}
+    for k in range(2, n + 1):
+        success[f"pass^{k}"] = _mean(pass_hat_k(sum(r["passed"] for r in v[:n]), n, k) for v in by_task.values())
+        success[f"pass@{k}"] = _mean(pass_at_k(sum(r["passed"] for r in v[:n]), n, k) for v in by_task.values())
+    calls = [r["calls"] for r in records]
+    made, ref = sum(c["made"] for c in calls), sum(c["reference"] for c in calls)
+    tool_calls = {**prf(sum(c["tp"] for c in calls), made, ref),
+                  "name_f1": prf(sum(c["tp_name"] for c in calls), made, ref)["f1"],
+                  "exact_match": _mean(float(c["exact"]) for c in calls), "made": made, "reference": ref}
+    fid = [f for r in records for f in r["fidelity"]]
+    fidelity = {"executed_rehearsed_calls": len(fid), "exact_match": _mean(float(f["exact"]) for f in fid),
+                "field_accuracy": _mean(f["score"] for f in fid), "error_prediction": _mean(float(f["error_ok"]) for f in fid)}
+    roles = sorted({role for r in records for role in r["tokens"]})
+    cost = {"runs": len(records), **{f"tokens_{role}": sum(r["tokens"].get(role, 0) for r in records) for role in roles},
+            "real_calls": sum(r["real_calls"] for r in records), "stopped_calls": sum(r["stopped_calls"] for r in records),
+            "wall_s": sum(r["wall_s"] for r in records),
+            "failed_runs": sum(1 for r in records if r["status"] == "failed")}
+    return {"success": success, "tool_calls": tool_calls, "fidelity": fidelity, "cost": cost}
+
+
+def paired_difference(a: dict[str, float], b: dict[str, float], *, resamples: int = 10_000, seed: int = 0,
+                      level: float = 0.95) -> dict[str, Any]:
+    """Mean of b − a over the tasks both scored, with a percentile bootstrap interval over tasks."""
+    tasks = sorted(set(a) & set(b))
+    diffs = [b[t] - a[t] for t in tasks]
+    if not diffs:
+        return {"tasks": 0, "mean": float("nan"), "low": float("nan"), "high": float("nan")}
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return {"tasks": len(diffs), "mean": sum(diffs) / len(diffs), "level": level,
+            "low": means[int(tail * (resamples - 1))], "high": means[int((1 - tail) * (resamples - 1))],
+            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs), "same": sum(d == 0 for d in diffs)}
+
+
+def task_scores(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Each scored task's mean score over its repeats."""
+    by_task: dict[str, list[float]] = {}
+    for r in records:
+        if r["score"] is not None and not r["judge_required"]:
+            by_task.setdefault(r["task_id"], []).append(r["score"])
+    return {t: sum(v) / len(v) for t, v in by_task.items()}
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")

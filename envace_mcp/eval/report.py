@@ -1,0 +1,94 @@
+"""Evaluation reports: a Markdown table and a PNG bar chart of one or more configurations."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+CHART = [("success", "score", "mean score"), ("success", "pass@1", "pass@1"), ("tool_calls", "f1", "tool-call F1"),
+         ("tool_calls", "exact_match", "call exact match"), ("fidelity", "field_accuracy", "rehearsal field acc."),
+         ("fidelity", "error_prediction", "error prediction")]
+
+
+def _f(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
+    """One row per configuration; then success by task kind; then the paired difference, if any."""
+    lines = [f"# {results[0]['suite']} — {results[0]['settings']['split']} split", ""]
+    head = ["configuration", "tasks × repeats", "score", "pass@1", "pass^k", "tool P / R / F1", "exact",
+            "rehearsal exact / field / error", "tokens act / rehearse", "real calls", "stopped", "wall s"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for res in results:
+        s = res["summary"]
+        succ, calls, fid, cost = s["success"], s["tool_calls"], s["fidelity"], s["cost"]
+        k = succ["repeats"]
+        pass_k = _f(succ.get(f"pass^{k}")) + f" (k={k})" if k > 1 else "–"
+        fidelity = (f"{_f(fid['exact_match'])} / {_f(fid['field_accuracy'])} / {_f(fid['error_prediction'])} "
+                    f"(n={fid['executed_rehearsed_calls']})")
+        lines.append("| " + " | ".join([
+            res["label"], f"{succ['tasks']} × {k}", _f(succ["score"]), _f(succ["pass@1"]), pass_k,
+            f"{_f(calls['precision'])} / {_f(calls['recall'])} / {_f(calls['f1'])}", _f(calls["exact_match"]),
+            fidelity, f"{cost.get('tokens_act', 0)} / {cost.get('tokens_rehearse', 0)}", str(cost["real_calls"]),
+            str(cost["stopped_calls"]), _f(cost["wall_s"], 1)]) + " |")
+    lines += ["", "Success by task kind (mean score):", ""]
+    kinds = sorted({r["kind"] or "-" for res in results for r in res["runs"] if not r["judge_required"]})
+    lines += ["| configuration | " + " | ".join(kinds) + " |", "|" + "---|" * (len(kinds) + 1)]
+    for res in results:
+        per: dict[str, list[float]] = defaultdict(list)
+        for r in res["runs"]:
+            if not r["judge_required"]:
+                per[r["kind"] or "-"].append(r["score"] or 0.0)
+        lines.append(f"| {res['label']} | " + " | ".join(_f(sum(per[k]) / len(per[k]) if per[k] else None, 2)
+                                                       for k in kinds) + " |")
+    for res in results:
+        apart = res["summary"].get("judged_apart")
+        if apart:
+            lines += ["", f"{res['label']}: {apart['tasks']} task(s) left out of the scores above — {apart['note']}; "
+                          f"their partial score: {_f(apart['partial_score'])}."]
+        failed = [r for r in res["runs"] if r["status"] == "failed"]
+        if failed:
+            lines += ["", f"{res['label']}: {len(failed)} run(s) failed: "
+                          + "; ".join(f"{r['task_id']}: {(r.get('error') or '')[:120]}" for r in failed[:5])]
+    if comparison:
+        lines += ["", f"**{results[1]['label']}** − **{results[0]['label']}** on {comparison['tasks']} paired tasks: "
+                      f"{comparison['mean']:+.3f} mean score, {int(comparison['level'] * 100)} % bootstrap interval "
+                      f"[{comparison['low']:+.3f}, {comparison['high']:+.3f}] "
+                      f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> bool:
+    """Grouped bars, one group per metric, one bar per configuration. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(results)
+    for i, res in enumerate(results):
+        values = [res["summary"][group][key] for group, key, _ in CHART]
+        xs = [j + i * width for j in range(len(CHART))]
+        bars = ax.bar(xs, [0 if (v is None or v != v) else v for v in values], width, label=res["label"])
+        for bar, v in zip(bars, values):
+            ax.annotate("n/a" if v is None or v != v else f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(CHART))], [label for *_, label in CHART], fontsize=8)
+    ax.set_ylim(0, 1.1)
+    summary = results[0]["summary"]["success"]
+    ax.set_title(f"{results[0]['suite']} ({results[0]['settings']['split']}): {summary['tasks']} tasks × {summary['repeats']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

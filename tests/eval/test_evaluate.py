@@ -1,0 +1,91 @@
+"""`envace eval`: files, traces, metrics, --compare, crashing runs; a real-model smoke run per suite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from envace_mcp.cli import app
+from envace_mcp.eval import get_suite
+from envace_mcp.eval.evaluate import EvalSettings, evaluate
+from envace_mcp.eval.reference import reference_roles
+from envace_mcp.testing import FunctionPolicy, build_tiny_qwen3
+from envace_mcp.traces import TraceStore
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurations(tmp_path, tiny_model):
+    out = tmp_path / "bank"
+    result = CliRunner().invoke(app, [
+        "eval", "--suite", "bank", "--limit", "3", "--repeats", "2", "--policy", "reference", "--out", str(out),
+        "--gate", "rehearse=all", "--max-new-tokens", "8",
+        "--compare", f"policy=model,model={tiny_model},repeats=1"])
+    assert result.exit_code == 0, result.output
+    a, b = (json.loads((out / x / "results.json").read_text()) for x in ("a", "b"))
+    assert a["summary"]["success"]["pass@1"] == 1.0 and a["summary"]["success"]["pass^2"] == 1.0
+    assert a["summary"]["tool_calls"]["f1"] == 1.0 and a["summary"]["fidelity"]["field_accuracy"] == 1.0
+    assert a["summary"]["fidelity"]["executed_rehearsed_calls"] > 0 and a["summary"]["cost"]["stopped_calls"] == 0
+    assert len(a["runs"]) == 6 and len(b["runs"]) == 3
+    # the random tiny model writes no valid call: lower score, generated tokens counted
+    assert b["summary"]["success"]["score"] < 1.0 and b["summary"]["cost"]["tokens_act"] > 0
+    assert len(list(TraceStore(out / "a" / "traces").read())) == 6
+    assert {t.rewards[-1].name for t in TraceStore(out / "b" / "traces").read()} == {"task"}
+    diff = json.loads((out / "compare.json").read_text())["difference"]
+    assert diff["tasks"] == 3 and diff["mean"] < 0 and diff["low"] <= diff["mean"] <= diff["high"]
+    md = (out / "results.md").read_text()
+    assert "reference mode=real" in md and "bootstrap interval" in md
+    assert (out / "results.png").stat().st_size > 5_000 and (out / "a" / "results.png").exists()
+
+
+def test_bad_options_fail_clearly(tmp_path):
+    runner = CliRunner()
+    bad = runner.invoke(app, ["eval", "--suite", "bank", "--out", str(tmp_path), "--compare", "colour=blue"])
+    assert bad.exit_code == 2 and "key=value" in bad.output
+    nope = runner.invoke(app, ["eval", "--suite", "tau2-airline", "--out", str(tmp_path), "--transport", "http"])
+    assert nope.exit_code == 2 and "stdio" in nope.output
+    unknown = runner.invoke(app, ["eval", "--suite", "chess", "--out", str(tmp_path)])
+    assert unknown.exit_code == 2 and "tau2-airline" in unknown.output
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_crashing_run_is_recorded_as_failed_and_the_others_still_count(tmp_path):
+    suite = get_suite("bank")
+    tasks = suite.split("test")[:3]
+    broken = tasks[1].id
+
+    def act(request):
+        if request.task == tasks[1].instruction:
+            raise RuntimeError("the model server went away")
+        task = next(t for t in tasks if t.instruction == request.task)
+        return reference_roles(suite, task)["act"](request)
+
+    results = await evaluate(suite, tasks, EvalSettings(suite="bank", concurrency=2, gate={"rehearse": "none"}),
+                             out=tmp_path, policy=FunctionPolicy(act=act))
+    by_task = {r["task_id"]: r for r in results["runs"]}
+    assert by_task[broken]["status"] == "failed" and by_task[broken]["score"] == 0.0
+    assert "went away" in (by_task[broken].get("error") or json.dumps(by_task[broken]))
+    assert all(by_task[t.id]["passed"] for t in tasks if t.id != broken)
+    assert results["summary"]["success"]["pass@1"] == pytest.approx(2 / 3)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["summary"] == json.loads(json.dumps(results["summary"], default=str))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", ["bank", "retail", "tau2-airline", "tau2-retail"])
+def test_embedded_model_smoke_run_per_suite(tmp_path, suite):
+    """The real default model through the whole path on one test task per suite (no accuracy claim)."""
+    out = tmp_path / suite
+    result = CliRunner().invoke(app, ["eval", "--suite", suite, "--limit", "1", "--out", str(out),
+                                      "--max-new-tokens", "24", "--gate", "max_steps=2"])
+    assert result.exit_code == 0, result.output
+    res = json.loads((out / "results.json").read_text())
+    run = res["runs"][0]
+    assert run["status"] in ("finished", "failed") and run["tokens"].get("act", 0) > 0, run
+    assert len(list(TraceStore(out / "traces").read())) == 1

@@ -1,0 +1,62 @@
+"""Evaluation metrics on hand-computed inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from envace_mcp.eval.metrics import call_match, paired_difference, pass_at_k, pass_hat_k, prf, summarize
+
+
+def test_tool_call_precision_recall_f1_count_each_reference_call_once():
+    made = [("get", {"id": 1}), ("get", {"id": 1}), ("put", {"id": 2})]
+    reference = [("get", {"id": 1}), ("put", {"id": 3}), ("del", {})]
+    m = call_match(made, reference)
+    assert (m["made"], m["reference"], m["tp"], m["tp_name"], m["exact"]) == (3, 3, 1, 2, False)
+    assert prf(m["tp"], m["made"], m["reference"]) == pytest.approx({"precision": 1 / 3, "recall": 1 / 3, "f1": 1 / 3})
+    # argument order does not matter; the call order does for exact match
+    assert call_match([("a", {"x": 1, "y": 2}), ("b", {})], [("a", {"y": 2, "x": 1}), ("b", {})])["exact"]
+    assert not call_match([("b", {}), ("a", {})], [("a", {}), ("b", {})])["exact"]
+    # no calls where none were needed is perfect; none where some were needed scores zero
+    assert prf(0, 0, 0) == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    assert prf(0, 0, 2) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+
+
+def test_pass_hat_k_and_pass_at_k():
+    assert pass_hat_k(3, 4, 2) == pytest.approx(3 / 6)  # C(3,2) / C(4,2)
+    assert pass_hat_k(4, 4, 4) == 1.0 and pass_hat_k(3, 4, 4) == 0.0
+    assert pass_at_k(1, 4, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2) / C(4,2)
+    assert math.isnan(pass_hat_k(1, 2, 3))
+
+
+def _record(task, passed, *, judge=False, fidelity=(), kind="k"):
+    return {"task_id": task, "kind": kind, "repeat": 0, "run_id": None, "score": float(passed), "passed": passed,
+            "judge_required": judge, "status": "finished",
+            "calls": {"made": 1, "reference": 1, "tp": int(passed), "tp_name": 1, "exact": passed},
+            "fidelity": list(fidelity), "tokens": {"act": 10}, "gate": {}, "real_calls": 1, "stopped_calls": 0,
+            "wall_s": 1.0}
+
+
+def test_summary_pass_k_fidelity_and_judged_tasks_apart():
+    records = [_record("t1", True), _record("t1", True), _record("t2", True), _record("t2", False),
+               _record("t3", False, judge=True),
+               _record("t3", False, judge=True, fidelity=[{"score": 0.5, "exact": False, "error_ok": True}])]
+    records[0]["fidelity"] = [{"score": 1.0, "exact": True, "error_ok": True}, {"score": 0.0, "exact": False, "error_ok": False}]
+    s = summarize(records)
+    assert s["success"]["tasks"] == 2 and s["success"]["repeats"] == 2
+    assert s["success"]["pass@1"] == pytest.approx(0.75) and s["success"]["pass^2"] == pytest.approx(0.5)
+    assert s["tool_calls"]["precision"] == pytest.approx(0.75)
+    assert s["fidelity"] == {"executed_rehearsed_calls": 2, "exact_match": 0.5, "field_accuracy": 0.5,
+                             "error_prediction": 0.5}
+    assert s["cost"]["tokens_act"] == 40 and s["judged_apart"]["tasks"] == 1
+
+
+def test_paired_difference_has_a_bootstrap_interval_around_the_mean():
+    a = {f"t{i}": 0.0 for i in range(20)}
+    b = {f"t{i}": 1.0 if i < 10 else 0.0 for i in range(20)}
+    d = paired_difference(a, b)
+    assert d["tasks"] == 20 and d["mean"] == pytest.approx(0.5) and (d["better"], d["same"], d["worse"]) == (10, 10, 0)
+    assert 0.2 < d["low"] < 0.5 < d["high"] < 0.8
+    same = paired_difference(a, a)
+    assert same["low"] == same["high"] == 0.0
