@@ -74,6 +74,8 @@ class Task:
     trap: Action | None = None
     writes: tuple[str, ...] = field(default=(), repr=False)
     """Names of the domain's state-changing tools (to find "the last write" in tests and tools)."""
+    turns: tuple[str, ...] = ()
+    """Later user messages of a multi-turn task (BFCL), each sent once the agent answered the last."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,6 +25,9 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
                     actions: list[Any] | None = None) -> dict[str, Callable[[Any], str]]:
     steps = list(task.actions if actions is None else actions)
 
+    if answer is None and actions is None and hasattr(suite, "reference_act"):  # multi-turn suites
+        return {"act": suite.reference_act(task), "rehearse": _rehearse(suite, task, steps)}
+
     def act(request: ActRequest) -> str:
         done = sum(1 for m in request.messages if isinstance(m, AIMessage) and m.tool_calls)
         if done < len(steps):
@@ -32,9 +35,13 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
             return tool_call_text(action.tool, action.arguments)
         return task.answer if answer is None else answer
 
+    return {"act": act, "rehearse": _rehearse(suite, task, steps)}
+
+
+def _rehearse(suite: Suite, task: Task, steps: list[Any]) -> Callable[[Any], str]:
     def rehearse(request: RehearseRequest) -> str:
         done = sum(1 for m in request.history if isinstance(m, AIMessage) and m.tool_calls)
         result = suite.reference_result(task, steps[:done], request.call.name, dict(request.call.arguments))
         return f"<execution_result>{json.dumps(result, ensure_ascii=False)}</execution_result>"
 
-    return {"act": act, "rehearse": rehearse}
+    return rehearse

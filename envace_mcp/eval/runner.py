@@ -46,20 +46,65 @@ async def run_task(
     from envace_mcp.traces import Reward, record_run
 
     episode = suite.episode(task)
-    context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox), gate=gate or GateConfig(),
-                            mode=mode, instructions=suite.instructions, sampling=sampling or {})
+    turns = [task.instruction, *getattr(task, "turns", ())]
     graph = create_envace_graph()
+    compiled = graph.compile()
+    fields = {"task_id": task.id, "suite": suite.name, "group_id": group_id,
+              "rehearsal": {"n": rehearse_n, "strategy": strategy} if rehearse_n else {}}
     attempts: list[Any] = []
-    if rehearse_n > 0:
-        attempts = await imagine(graph, task.instruction, context, n=rehearse_n, strategy=strategy)
-    notes = {"notes": condense(attempts)} if attempts else {}
-    state, trace = await record_run(graph.compile(), {"messages": [HumanMessage(content=task.instruction)], **notes},
-                                    context=context, store=store, on_update=on_update, task_id=task.id,
-                                    suite=suite.name, group_id=group_id,
-                                    rehearsal={"n": rehearse_n, "strategy": strategy} if rehearse_n else {})
-    verdict = await suite.score(episode, toolbox, state)
+    turn_traces: list[Any] = []
+    messages: list[Any] = []
+    state: dict[str, Any] = {}
+    try:
+        for turn, text in enumerate(turns):
+            if hasattr(episode, "turn"):
+                episode.turn = turn  # tools may appear in later turns (BFCL's missing functions)
+            context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox), gate=gate or GateConfig(),
+                                    mode=mode, instructions=suite.instructions, sampling=sampling or {})
+            notes: dict[str, Any] = {}
+            if rehearse_n > 0 and turn == 0:  # test-time rehearsal imagines the opening request
+                attempts = await imagine(graph, text, context, n=rehearse_n, strategy=strategy)
+                notes = {"notes": condense(attempts)} if attempts else {}
+            state, trace = await record_run(compiled, {"messages": [*messages, HumanMessage(content=text)], **notes},
+                                            context=context, store=_Collect(turn_traces), on_update=on_update,
+                                            **fields)
+            messages = list(state.get("messages", []))
+    finally:
+        trace = merge_turns(turn_traces, turns) if turn_traces else None
+        if store is not None and trace is not None:
+            store.append(trace)  # failed or not
+    verdict = await suite.score(episode, toolbox, {**state, "turn_traces": turn_traces})
     reward = Reward(name="task", value=verdict.score, details=verdict.to_dict())
     trace.rewards.append(reward)
-    if store is not None:  # the run itself was stored by record_run, failed or not
+    if store is not None:
         store.attach_reward(trace.run_id, reward)
     return TaskRun(task=task, episode=episode, state=state, verdict=verdict, attempts=attempts, trace=trace)
+
+
+class _Collect:
+    """A store-shaped list: `record_run` hands it each turn's trace, failed or not."""
+
+    def __init__(self, into: list[Any]) -> None:
+        self.into = into
+
+    def append(self, trace: Any) -> None:
+        self.into.append(trace)
+
+
+def merge_turns(traces: list[Any], turns: list[str]) -> Any:
+    """One trace for a multi-turn run: the turns' steps in order; `metadata["turns"]` says where each
+    turn starts and what the user said. A single turn is returned as it is."""
+    if len(traces) == 1 and len(turns) == 1:
+        return traces[0]
+    first = traces[0].model_copy(deep=True)
+    starts = [0]
+    for later in traces[1:]:
+        starts.append(len(first.steps))
+        for step in later.steps:
+            first.steps.append(step.model_copy(update={"index": len(first.steps)}))
+    last = traces[-1]
+    failed = next((t for t in traces if t.status != "finished"), None)
+    first.ended_at, first.final_answer = last.ended_at, last.final_answer
+    first.status, first.error = (failed.status, failed.error) if failed else (last.status, last.error)
+    first.metadata = {**first.metadata, "turns": [{"user": turns[i], "first_step": starts[i]} for i in range(len(traces))]}
+    return first

@@ -155,15 +155,19 @@ def suites() -> list[str]:
     return list(_SUITES)
 
 
-_EXTERNAL = ("tau2-airline", "tau2-retail")
+_EXTERNAL = ("tau2-airline", "tau2-retail", "bfcl-base", "bfcl-miss_func", "bfcl-miss_param", "bfcl-long_context")
 
 
 def get_suite(name: str, seed: int = 0) -> Any:
     """A bundled suite (`Suite`) or an external benchmark's adapter with the same interface."""
-    if name in _EXTERNAL:
+    if name in _EXTERNAL and name.startswith("tau2-"):
         from envace_mcp.eval.tau2 import Tau2Suite
 
         return Tau2Suite(name.removeprefix("tau2-"))
+    if name in _EXTERNAL:
+        from envace_mcp.eval.bfcl import BfclSuite
+
+        return BfclSuite(name.removeprefix("bfcl-"))
     if name not in _SUITES:
         raise UserError(f"unknown suite {name!r}; bundled: {', '.join(_SUITES)}; external: {', '.join(_EXTERNAL)}")
     return Suite(name, seed)
