@@ -13,6 +13,7 @@ import json
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,16 +109,20 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     started = time.perf_counter()
     transport = settings.transport or suite.transports[0]
     with suite.servers(transport) as servers:
-        async with Toolbox(servers) as toolbox:
+        async with (Toolbox(servers) if servers else nullcontext()) as toolbox:  # BFCL's AST suites: no server
             limiter = anyio.Semaphore(max(1, settings.concurrency))
 
             async def one(task: Any, repeat: int) -> None:
                 async with limiter:
                     try:
-                        run = await run_task(suite, task, policy=make_policy(settings, suite, task, policy),
-                                             toolbox=toolbox, mode=settings.mode, gate=gate,
-                                             rehearse_n=settings.rehearse, strategy=settings.strategy,
-                                             sampling=sampling, store=store, group_id=f"{task.id}")
+                        chosen = make_policy(settings, suite, task, policy)
+                        if hasattr(suite, "run_one"):  # single-turn suites without a server (BFCL's AST)
+                            run = await suite.run_one(task, policy=chosen, sampling=sampling, store=store,
+                                                      group_id=task.id)
+                        else:
+                            run = await run_task(suite, task, policy=chosen, toolbox=toolbox, mode=settings.mode,
+                                                 gate=gate, rehearse_n=settings.rehearse, strategy=settings.strategy,
+                                                 sampling=sampling, store=store, group_id=task.id)
                         record = run_record(run.trace, task, score=run.verdict.score, judge_required=judge(task),
                                             repeat=repeat)
                         record["checks"] = [c["name"] for c in run.verdict.to_dict()["checks"] if not c["passed"]]

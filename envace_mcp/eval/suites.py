@@ -155,7 +155,9 @@ def suites() -> list[str]:
     return list(_SUITES)
 
 
-_EXTERNAL = ("tau2-airline", "tau2-retail", "bfcl-base", "bfcl-miss_func", "bfcl-miss_param", "bfcl-long_context")
+_EXTERNAL = ("tau2-airline", "tau2-retail", "bfcl-base", "bfcl-miss_func", "bfcl-miss_param",
+             "bfcl-long_context", "bfcl-simple", "bfcl-multiple", "bfcl-parallel", "bfcl-parallel_multiple",
+             "bfcl-irrelevance")
 
 
 def get_suite(name: str, seed: int = 0) -> Any:
@@ -165,9 +167,10 @@ def get_suite(name: str, seed: int = 0) -> Any:
 
         return Tau2Suite(name.removeprefix("tau2-"))
     if name in _EXTERNAL:
-        from envace_mcp.eval.bfcl import BfclSuite
+        from envace_mcp.eval.bfcl import AST_CATEGORIES, BfclAstSuite, BfclSuite
 
-        return BfclSuite(name.removeprefix("bfcl-"))
+        category = name.removeprefix("bfcl-")
+        return BfclAstSuite(category) if category in AST_CATEGORIES else BfclSuite(category)
     if name not in _SUITES:
         raise UserError(f"unknown suite {name!r}; bundled: {', '.join(_SUITES)}; external: {', '.join(_EXTERNAL)}")
     return Suite(name, seed)

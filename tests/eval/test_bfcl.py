@@ -13,6 +13,7 @@ from envace_mcp.eval.reference import reference_roles
 from envace_mcp.graph import GateConfig
 from envace_mcp.testing import FunctionPolicy
 from envace_mcp.toolbox import Toolbox
+from envace_mcp.traces import TraceStore
 
 # Ground-truth replays that cannot score, each for a reason in the data (not in our adapter):
 UNREACHABLE = {
@@ -107,3 +108,34 @@ def test_scoring_drops_the_checkers_per_run_instances():
     assert suite.check_calls(task, [[] for _ in truth]).score == 0.0
     assert suite.check_calls(task, [[]]).checks[0].name == "turns"
     assert len(vars(multi_turn_utils)) == before
+
+
+@pytest.mark.parametrize("category,count", [("simple", 400), ("multiple", 200), ("parallel", 200),
+                                            ("parallel_multiple", 200), ("irrelevance", 240)])
+def test_single_turn_ast_categories_score_every_reference_answer(category, count, tmp_path):
+    """The reference answers go through the act role's parser (as a model's text would) and
+    bfcl-eval's AST checker; bfcl-eval's model registry needs vendor clients we do not install."""
+    suite = get_suite(f"bfcl-{category}")
+    assert len(suite.tasks) == count
+    results = anyio.run(lambda: evaluate(suite, suite.tasks, EvalSettings(suite=suite.name, policy="reference"),
+                                         out=tmp_path))
+    assert results["summary"]["success"]["pass@1"] == 1.0, [r["task_id"] for r in results["runs"] if not r["passed"]]
+    assert len(list(TraceStore(tmp_path / "traces").read())) == count
+
+
+def test_ast_checker_rejects_wrong_values_missing_arguments_and_calls_that_should_not_happen():
+    simple = get_suite("bfcl-simple")
+    task = simple.task("simple_python_0")  # calculate_triangle_area(base=10, height=5)
+    assert simple.check_calls(task, [{"calculate_triangle_area": {"base": 10, "height": 5}}]).score == 1.0
+    assert simple.check_calls(task, [{"calculate_triangle_area": {"base": 11, "height": 5}}]).score == 0.0
+    assert simple.check_calls(task, [{"calculate_triangle_area": {"base": 10}}]).score == 0.0
+    assert simple.check_calls(task, [{"other_function": {"base": 10, "height": 5}}]).score == 0.0
+    assert simple.check_calls(task, []).score == 0.0
+    parallel = get_suite("bfcl-parallel")
+    task = parallel.tasks[0]
+    calls = [{a.tool: a.arguments} for a in task.actions]
+    assert parallel.check_calls(task, calls).score == 1.0 and parallel.check_calls(task, calls[:-1]).score == 0.0
+    irrelevance = get_suite("bfcl-irrelevance")
+    task = irrelevance.tasks[0]
+    assert irrelevance.check_calls(task, []).score == 1.0
+    assert irrelevance.check_calls(task, [{"determine_body_mass_index": {"weight": 70.0, "height": 1.8}}]).score == 0.0

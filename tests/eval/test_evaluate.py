@@ -78,7 +78,7 @@ async def test_a_crashing_run_is_recorded_as_failed_and_the_others_still_count(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suite", ["bank", "retail", "tau2-airline", "tau2-retail", "bfcl-base"])
+@pytest.mark.parametrize("suite", ["bank", "retail", "tau2-airline", "tau2-retail", "bfcl-base", "bfcl-simple"])
 def test_embedded_model_smoke_run_per_suite(tmp_path, suite):
     """The real default model through the whole path on one test task per suite (no accuracy claim)."""
     out = tmp_path / suite
