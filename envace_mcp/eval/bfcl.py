@@ -34,8 +34,29 @@ NEW_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. 
 """What BFCL says at a turn that reveals held-out functions (its function-calling-mode wording)."""
 
 
+class _EvalOnly:
+    """What both BFCL suite kinds share: BFCL is an evaluation set (every task is a test task, none is
+    for training), and the same system instructions."""
+
+    tasks: list[Task]
+
+    def split(self, split: str) -> list[Task]:
+        return list(self.tasks) if split == "test" else []
+
+    def task(self, task_id: str) -> Task:
+        from envace_mcp.eval.suites import find_task
+
+        return find_task(self, task_id)
+
+    @property
+    def instructions(self) -> str:
+        from envace_mcp.servers import bfcl
+
+        return bfcl.INSTRUCTIONS
+
+
 @dataclass(frozen=True)
-class BfclSuite:
+class BfclSuite(_EvalOnly):
     """One BFCL multi-turn category."""
 
     category: str
@@ -68,18 +89,6 @@ class BfclSuite:
     def tasks(self) -> list[Task]:
         return [to_task(entry, self.ground_truth[i]) for i, entry in self.entries.items()]
 
-    def split(self, split: str) -> list[Task]:
-        """BFCL is an evaluation set: every task is a test task, none is for training."""
-        return list(self.tasks) if split == "test" else []
-
-    def task(self, task_id: str) -> Task:
-        from envace_mcp.eval.suites import find_task
-
-        return find_task(self, task_id)
-
-    @property
-    def instructions(self) -> str:
-        return self.bridge.INSTRUCTIONS
 
     def servers(self, transport: str = "inprocess") -> Any:
         from contextlib import nullcontext
@@ -261,7 +270,7 @@ CHECKER_MODEL = "envace-mcp"
 
 
 @dataclass(frozen=True)
-class BfclAstSuite:
+class BfclAstSuite(_EvalOnly):
     """A BFCL single-turn category: one request, the functions it may call, no execution.
 
     The act role answers once, with the task's functions as its tools; its calls are scored by
@@ -312,19 +321,6 @@ class BfclAstSuite:
                             if self.category == "irrelevance" else "Done."))
         return out
 
-    def split(self, split: str) -> list[Task]:
-        return list(self.tasks) if split == "test" else []
-
-    def task(self, task_id: str) -> Task:
-        from envace_mcp.eval.suites import find_task
-
-        return find_task(self, task_id)
-
-    @property
-    def instructions(self) -> str:
-        from envace_mcp.servers import bfcl
-
-        return bfcl.INSTRUCTIONS
 
     def servers(self, transport: str = "none") -> Any:
         from contextlib import nullcontext
