@@ -1,8 +1,8 @@
-"""Evaluation: suite registry and task episodes (metrics and reports arrive with [F])."""
+"""Evaluation: suites (bundled, τ², BFCL), episodes, runs, metrics and reports (`envace eval`)."""
 
-from envace_mcp.eval.suites import Episode, Suite, get_suite, run_reference, suites
+from envace_mcp.eval.suites import Episode, Suite, TaskSuite, external_suites, get_suite, run_reference, suites
 
-__all__ = ["Suite", "Episode", "suites", "get_suite", "run_reference", "run_task", "TaskRun"]
+__all__ = ["Suite", "TaskSuite", "Episode", "external_suites", "suites", "get_suite", "run_reference", "run_task", "TaskRun"]
 
 
 def __getattr__(name: str):  # noqa: ANN202 - the runner imports the graph; load it only when asked

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.eval.suites import Episode, Suite
+from envace_mcp.eval.suites import TaskSuite
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.graph.gate import Mode
 from envace_mcp.servers._common import CheckResult, Task
@@ -16,7 +16,7 @@ from envace_mcp.servers._common import CheckResult, Task
 @dataclass
 class TaskRun:
     task: Task
-    episode: Episode
+    episode: Any
     state: dict[str, Any]
     verdict: CheckResult
     attempts: list[Any]
@@ -24,7 +24,7 @@ class TaskRun:
 
 
 async def run_task(
-    suite: Suite,
+    suite: TaskSuite,
     task: Task,
     *,
     policy: Any,

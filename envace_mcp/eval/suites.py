@@ -10,14 +10,52 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from envace_mcp.errors import UserError
 from envace_mcp.servers._common import EPISODE_KEY, STATE_URI, TASK_KEY, CheckResult, DomainError, Task, replay
 from envace_mcp.toolbox import ToolResult
+
+
+class TaskSuite(Protocol):
+    """What `run_task` and `envace eval` need from a suite (bundled, τ², BFCL, or your own).
+
+    - `name`, `tasks`, `split(name)`, `task(id)`, `instructions` (the agent's system instructions);
+    - `transports` (the first is the default) and `servers(transport)`: a context manager yielding the
+      `mcpServers` mapping for a `Toolbox` (empty when the suite has no server);
+    - `episode(task)`: one run's handle, whose `scope(toolbox)` is the agent's view of the tools;
+    - `async score(episode, toolbox, state) -> CheckResult` (`state` has `messages`, `final_answer`
+      and, for multi-turn tasks, `turn_traces`);
+    - `reference_result(task, done, name, arguments)`: a perfect world model, for reference runs;
+    - optional: `judge_required(task)`, `reference_act(task)`, `run_one(task, ...)` (suites that run
+      one act turn without a graph, such as BFCL's AST categories).
+    """
+
+    name: str
+
+    @property
+    def tasks(self) -> Sequence[Task]: ...
+
+    def split(self, split: str) -> list[Task]: ...
+
+    def task(self, task_id: str) -> Task: ...
+
+    @property
+    def instructions(self) -> str: ...
+
+    @property
+    def transports(self) -> tuple[str, ...]: ...
+
+    def servers(self, transport: str) -> AbstractContextManager[dict[str, Any]]: ...
+
+    def episode(self, task: Task) -> Any: ...
+
+    async def score(self, episode: Any, toolbox: Any, state: dict[str, Any]) -> CheckResult: ...
+
+    def reference_result(self, task: Task, done: Sequence[Any], name: str, arguments: dict[str, Any]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -160,7 +198,7 @@ _EXTERNAL = ("tau2-airline", "tau2-retail", "bfcl-base", "bfcl-miss_func", "bfcl
              "bfcl-irrelevance")
 
 
-def get_suite(name: str, seed: int = 0) -> Any:
+def get_suite(name: str, seed: int = 0) -> TaskSuite:
     """A bundled suite (`Suite`) or an external benchmark's adapter with the same interface."""
     if name in _EXTERNAL and name.startswith("tau2-"):
         from envace_mcp.eval.tau2 import Tau2Suite
