@@ -16,6 +16,7 @@ the system prompt, `<tool_call>` blocks in assistant turns, `<tool_response>` bl
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -129,10 +130,29 @@ def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
                 ]
             chat.append(entry)
         elif isinstance(message, ToolMessage):
-            chat.append({"role": "tool", "content": _text(message.content), "name": message.name or ""})
+            chat.append({"role": "tool", "content": clip_output(_text(message.content)), "name": message.name or ""})
         else:
             chat.append({"role": "user", "content": _text(message.content)})
     return chat
+
+
+TOOL_OUTPUT_CHARS = 16_000
+"""How much of one tool output a prompt shows (~4k tokens). Tools can return megabytes (a file, a
+table dump); shown whole they would overflow any context. The head and the tail are kept and the cut
+is stated, so the model knows it saw part; the trace keeps the whole result."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clip_output(text: str, limit: int = TOOL_OUTPUT_CHARS) -> str:
+    """A tool output as a prompt shows it: at most `limit` characters, and bytes that were not UTF-8
+    (lone surrogates, which tokenizers refuse) as U+FFFD."""
+    text = _SURROGATE.sub("\ufffd", text)
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 3 // 4], text[-(limit // 4):]
+    return f"{head}\n[... {len(text) - len(head) - len(tail):,} characters cut: the output has {len(text):,} ...]\n{tail}"
 
 
 def tools_block(tools: list[dict[str, Any]]) -> str:
@@ -204,7 +224,7 @@ def serialise_history(messages: list[BaseMessage]) -> str:
             parts = [_text(message.content)] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
             lines.append("Assistant: " + "\n".join(p for p in parts if p))
         elif isinstance(message, ToolMessage):
-            lines.append(f"Tool[{message.name or 'tool'}]: {_text(message.content)}")
+            lines.append(f"Tool[{message.name or 'tool'}]: {clip_output(_text(message.content))}")
     return "\n".join(lines) if lines else "<empty>"
 
 
@@ -215,7 +235,7 @@ def _schema(spec: ToolSpec) -> str:
 def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
     allowed = "\n".join(f"- {s.name}: {s.description}\n  input schema: {_schema(s)}" for s in request.allowed) or "<none>"
     examples = "\n\n".join(
-        f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>{e.result}</execution_result>"
+        f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>{clip_output(e.result)}</execution_result>"
         for e in request.examples
     ) or "<unavailable>"
     call = request.call

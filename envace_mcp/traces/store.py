@@ -50,7 +50,9 @@ class TraceStore:
         self._write({"kind": "reward", "run_id": run_id, "reward": reward.model_dump(mode="json")})
 
     def _write(self, record: dict[str, Any]) -> None:
-        data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        # Lone surrogates (bytes a tool decoded with surrogateescape) cannot be UTF-8: written as JSON
+        # \uXXXX escapes they read back as the same string.
+        data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
         if self.compress:
             data = gzip.compress(data)
         self.directory.mkdir(parents=True, exist_ok=True)
