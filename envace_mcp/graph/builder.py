@@ -9,12 +9,12 @@ from langgraph.graph import END, START, StateGraph
 from envace_mcp.graph.nodes._common import last_ai
 from envace_mcp.graph.nodes.act import act
 from envace_mcp.graph.nodes.agent import agent
-from envace_mcp.graph.nodes.gate import gate, route_calls
+from envace_mcp.graph.nodes.gate import gate_node, route_calls_async
 from envace_mcp.graph.nodes.rehearse import rehearse
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
 
 
-def route_after_agent(state: EnvaceState) -> Literal["rehearse", "agent", "__end__"]:
+async def route_after_agent(state: EnvaceState) -> Literal["rehearse", "agent", "__end__"]:
     """Calls go to rehearsal; a format reminder goes back to the agent; anything else ends the run."""
     if state.get("status") in ("finished", "max_steps"):
         return END
@@ -33,11 +33,11 @@ def create_envace_graph() -> StateGraph:
     graph = StateGraph(EnvaceState, context_schema=EnvaceContext)
     graph.add_node("agent", agent)
     graph.add_node("rehearse", rehearse)
-    graph.add_node("gate", gate)
+    graph.add_node("gate", gate_node)
     graph.add_node("act", act)
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", route_after_agent, {"rehearse": "rehearse", "agent": "agent", END: END})
     graph.add_edge("rehearse", "gate")
-    graph.add_conditional_edges("gate", route_calls, ["act"])
+    graph.add_conditional_edges("gate", route_calls_async, ["act"])
     graph.add_edge("act", "agent")
     return graph

@@ -35,3 +35,14 @@ def route_calls(state: EnvaceState) -> list[Send]:
     message = last_ai(state["messages"])
     records = {r["call_id"]: r for r in state.get("rehearsals", [])}
     return [Send("act", {"call": raw, "record": records[raw["id"]]}) for raw in (message.tool_calls if message else [])]
+
+
+# The graph's own nodes and routers are coroutines: LangGraph runs a plain function of an async graph
+# in a worker thread, which cost a thread hop per step (benchmarks/graph_overhead.py).
+async def gate_node(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
+    return gate(state, runtime)
+
+
+async def route_calls_async(state: EnvaceState) -> list[Send]:
+    return route_calls(state)
+
