@@ -3,6 +3,7 @@
 Same stdio server (the bundled bank server), same call (`get_balance`), measured in one run:
 
 - **raw**: an `mcp.Client` session kept open (the floor: what the protocol itself costs);
+- **toolbox**: `Toolbox.call` (argument validation, timeout scope, result conversion);
 - **act node**: the graph's `act` node function on a persistent toolbox (argument validation, the
   call, result conversion, the rehearsal record and the ToolMessage);
 - **adapters**: `langchain-mcp-adapters` 0.3.2 with its default `MultiServerMCPClient(...).get_tools()`
@@ -10,7 +11,7 @@ Same stdio server (the bundled bank server), same call (`get_balance`), measured
   `mcp<2`, so it runs in its own virtual environment (created on first use under
   `~/.cache/envace-mcp/bench-venv-lma`, or pass `--adapters-python`) as a child process.
 
-    python benchmarks/act_node_vs_adapters.py [--calls 300] [--adapter-calls 20]
+    python benchmarks/act_node_vs_adapters.py [--calls 300] [--rounds 5] [--adapter-calls 20]
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def adapters_python(explicit: str | None) -> str:
     return str(python)
 
 
-async def ours(calls: int, rounds: int) -> tuple[list[float], list[float], str, dict]:
+async def ours(calls: int, rounds: int) -> tuple[dict[str, list[float]], str, dict]:
     from langgraph.runtime import Runtime
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
@@ -75,8 +76,7 @@ async def ours(calls: int, rounds: int) -> tuple[list[float], list[float], str, 
     entry = suite.stdio_config()
     account = next(iter(suite.build_server().episodes.state("default")["accounts"]))
     args = {"account_id": account}
-    raw_times: list[float] = []
-    node_times: list[float] = []
+    times: dict[str, list[float]] = {"raw": [], "toolbox": [], "act node": []}
     with open(os.devnull, "w") as devnull:
         params = StdioServerParameters(command=entry["command"], args=entry["args"])
         async with Client(stdio_client(params, errlog=devnull)) as raw, Toolbox({"bank": entry}) as toolbox:
@@ -86,20 +86,20 @@ async def ours(calls: int, rounds: int) -> tuple[list[float], list[float], str, 
                 return {"call": {"name": "get_balance", "args": args, "id": f"c{i}", "type": "tool_call"},
                         "record": {"call_id": f"c{i}", "decision": "execute"}}
 
-            for i in range(20):  # warm both paths
-                await raw.call_tool("get_balance", args)
-                await act(payload(i), runtime)
-            for _ in range(rounds):  # alternate so drift hits both alike
-                start = time.perf_counter()
-                for _ in range(calls):
-                    await raw.call_tool("get_balance", args)
-                raw_times.append((time.perf_counter() - start) / calls)
-                start = time.perf_counter()
-                for i in range(calls):
-                    out = await act(payload(i), runtime)
-                node_times.append((time.perf_counter() - start) / calls)
+            paths = {"raw": lambda i: raw.call_tool("get_balance", args),
+                     "toolbox": lambda i: toolbox.call("get_balance", args),
+                     "act node": lambda i: act(payload(i), runtime)}
+            for i in range(20):  # warm every path
+                for path in paths.values():
+                    await path(i)
+            for _ in range(rounds):  # alternate so drift hits every path alike
+                for name, path in paths.items():
+                    start = time.perf_counter()
+                    for i in range(calls):
+                        out = await path(i)
+                    times[name].append((time.perf_counter() - start) / calls)
                 assert out["messages"][0].status == "success", out
-    return raw_times, node_times, account, entry
+    return times, account, entry
 
 
 def main() -> None:
@@ -110,20 +110,20 @@ def main() -> None:
     parser.add_argument("--adapters-python", default=None)
     ns = parser.parse_args()
     python = adapters_python(ns.adapters_python)
-    raw_times, node_times, account, entry = anyio.run(ours, ns.calls, ns.rounds)
+    times, account, entry = anyio.run(ours, ns.calls, ns.rounds)
     child = subprocess.run([python, "-c", ADAPTERS_CHILD, entry["command"], json.dumps(entry["args"]), account,
                             str(ns.adapter_calls)], capture_output=True, text=True, check=True)
-    adapter_times = json.loads(child.stdout.strip().splitlines()[-1])
-    raw_ms = statistics.median(raw_times) * 1e3
-    node_ms = statistics.median(node_times) * 1e3
-    adapter_ms = statistics.median(adapter_times) * 1e3
-    print(f"stdio bank server, get_balance: {ns.calls} calls x {ns.rounds} rounds (raw, act node), "
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    ms["adapters"] = statistics.median(json.loads(child.stdout.strip().splitlines()[-1])) * 1e3
+    print(f"stdio bank server, get_balance: {ns.calls} calls x {ns.rounds} rounds (raw, toolbox, act node), "
           f"{ns.adapter_calls} calls (adapters); medians")
-    print(f"  raw mcp.Client session                 : {raw_ms:9.3f} ms/call")
-    print(f"  EnvACE act node (persistent toolbox)   : {node_ms:9.3f} ms/call")
-    print(f"  langchain-mcp-adapters 0.3.2 default   : {adapter_ms:9.3f} ms/call")
-    print(f"  adapters / act node : {adapter_ms / node_ms:8.1f}x faster  (goal >= 100x)")
-    print(f"  act node / raw      : {node_ms / raw_ms:8.3f}x        (goal <= 1.3x)")
+    print(f"  raw mcp.Client session                 : {ms['raw']:9.3f} ms/call")
+    print(f"  envace Toolbox.call                    : {ms['toolbox']:9.3f} ms/call")
+    print(f"  EnvACE act node (persistent toolbox)   : {ms['act node']:9.3f} ms/call")
+    print(f"  langchain-mcp-adapters 0.3.2 default   : {ms['adapters']:9.3f} ms/call")
+    print(f"  adapters / act node : {ms['adapters'] / ms['act node']:8.1f}x  (goal >= 100x)")
+    print(f"  toolbox / raw       : {ms['toolbox'] / ms['raw']:8.3f}x")
+    print(f"  act node / raw      : {ms['act node'] / ms['raw']:8.3f}x  (goal <= 1.3x)")
 
 
 if __name__ == "__main__":
