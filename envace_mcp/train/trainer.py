@@ -212,7 +212,26 @@ class OfflineGRPO:
         self.rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.order = state["step"], state["order"]
+        self._trim_metrics()
         return True
+
+    def _trim_metrics(self) -> None:
+        """Forget metrics of steps after the checkpoint (a killed run logged them; they are redone) and a
+        line torn by the kill, so a resumed run's metrics.jsonl has each step once."""
+        path = self.out / "metrics.jsonl"
+        if self.rank != 0 or not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= self.step:
+                kept.append(line)
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
 
     # ------------------------------------------------------------------ training
 

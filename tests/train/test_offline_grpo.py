@@ -91,3 +91,43 @@ def test_fidelity_reward_and_real_output_ce_are_off_by_default_and_work_when_on(
     records = trainer(tiny_dir, tmp_path / "on", real_output_ce=1.0, lora=False).run()
     assert all("ce" in r for r in records)
     assert records[-1]["ce"] < records[0]["ce"]  # the rehearse role learns the recorded real outputs
+
+
+def test_kill_9_mid_training_then_the_same_command_resumes_to_the_parameters_of_an_uninterrupted_run(tiny_dir, tmp_path):
+    """A real SIGKILL of a training process (no cleanup, no atexit), then the same command again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "grpo.json"
+    config.write_text(json.dumps({"model": str(tiny_dir), "lr": 1e-3, "steps": 6, "groups_per_step": 1,
+                                  "micro_batch": 2, "checkpoint_every": 1}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+    def command(out):
+        return [sys.executable, "-m", "envace_mcp.cli", "train", "grpo", "--traces", str(FIXTURES), "--out", str(out),
+                "--config", str(config)]
+
+    subprocess.run(command(tmp_path / "straight"), env=env, check=True, capture_output=True, timeout=600)
+    killed = subprocess.Popen(command(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and killed.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:  # step 3 is checkpointed by then
+            break
+        time.sleep(0.02)
+    assert killed.poll() is None, "training finished before it could be killed"
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    state = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=False)
+    assert 3 <= state["step"] < 6  # it really stopped part-way
+    subprocess.run(command(tmp_path / "killed"), env=env, check=True, capture_output=True, timeout=600)
+    a = torch.load(tmp_path / "straight" / "checkpoint" / "state.pt", weights_only=False)
+    b = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=False)
+    assert a["step"] == b["step"] == 6
+    assert a["params"].keys() == b["params"].keys()
+    assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
+    steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # steps redone after the checkpoint are logged once
