@@ -195,7 +195,8 @@ async def test_an_interrupted_run_is_marked_interrupted(tmp_path):
 
 
 @pytest.mark.anyio
-async def test_fifty_concurrent_runs_record_without_mixing_steps(tmp_path):
+@pytest.mark.parametrize("transport", ["inprocess", "http"])
+async def test_fifty_concurrent_runs_record_without_mixing_steps(tmp_path, transport):
     suite = get_suite("bank")
     tasks = [t for t in suite.split("train") if t.kind == "balance_inquiry"][:10] * 5
 
@@ -207,15 +208,17 @@ async def test_fifty_concurrent_runs_record_without_mixing_steps(tmp_path):
 
     store = TraceStore(tmp_path)
     graph = create_envace_graph().compile()
-    async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        async def one(i, task):
-            context = EnvaceContext(policy=FunctionPolicy(act=act), toolbox=toolbox.scoped(Episode(task, "bank").meta))
-            await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context,
-                             store=store, task_id=task.id, group_id=f"g{i}")
+    with suite.servers(transport) as servers:  # over http: one streamable-HTTP server for all 50
+        async with Toolbox(servers) as toolbox:
+            async def one(i, task):
+                context = EnvaceContext(policy=FunctionPolicy(act=act),
+                                        toolbox=toolbox.scoped(Episode(task, "bank").meta))
+                await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context,
+                                 store=store, task_id=task.id, group_id=f"g{i}")
 
-        async with anyio.create_task_group() as tg:
-            for i, task in enumerate(tasks):
-                tg.start_soon(one, i, task)
+            async with anyio.create_task_group() as tg:
+                for i, task in enumerate(tasks):
+                    tg.start_soon(one, i, task)
     traces = list(store.read())
     assert len(traces) == 50 and store.problems == []
     by_task = {t.id: t for t in tasks}
