@@ -5,7 +5,8 @@
   counts once per matching reference call, by name and arguments) and exact match of the sequence;
 - rehearsal fidelity on executed calls: exact match, field accuracy (mean match score), error
   prediction accuracy (a *usable* rehearsal predicted an error exactly when the real call failed);
-- cost: generated tokens by role, real tool calls, calls the gate stopped, wall time;
+- cost: generated tokens by role (test-time rehearsal's imagined runs counted apart), real tool calls,
+  calls the gate stopped, wall time;
 - paired comparison of two configurations on the same tasks, with a bootstrap confidence interval.
 """
 
@@ -76,6 +77,8 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
                 real_error = bool((step.result or {}).get("is_error"))
                 fidelity.append({"score": step.comparison.score, "exact": step.comparison.score >= 1.0,
                                  "error_ok": guess in ("result", "tool_error") and (guess == "tool_error") == real_error})
+    for role, count in ((trace.metadata or {}).get("imagined_tokens") or {}).items():
+        tokens[f"imagined_{role}"] += count  # test-time rehearsal's imagined runs
     real_calls = sum(1 for s in trace.steps if s.role == "tool" and s.decision in ("execute", None) and not s.simulated)
     return {
         "task_id": task.id, "kind": getattr(task, "kind", None), "repeat": repeat, "run_id": trace.run_id,

@@ -24,7 +24,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
     """One row per configuration; then success by task kind; then the paired difference, if any."""
     lines = [f"# {results[0]['suite']} — {results[0]['settings']['split']} split", ""]
     head = ["configuration", "tasks × repeats", "score", "pass@1", "pass^k", "tool P / R / F1", "exact",
-            "rehearsal exact / field / error", "tokens act / rehearse", "real calls", "stopped", "wall s"]
+            "rehearsal exact / field / error", "tokens act / rehearse (+ imagined)", "real calls", "stopped", "wall s"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
         s = res["summary"]
@@ -36,7 +36,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
         lines.append("| " + " | ".join([
             res["label"], f"{succ['tasks']} × {k}", _f(succ["score"]), _f(succ["pass@1"]), pass_k,
             f"{_f(calls['precision'])} / {_f(calls['recall'])} / {_f(calls['f1'])}", _f(calls["exact_match"]),
-            fidelity, f"{cost.get('tokens_act', 0)} / {cost.get('tokens_rehearse', 0)}", str(cost["real_calls"]),
+            fidelity, _tokens(cost), str(cost["real_calls"]),
             str(cost["stopped_calls"]), _f(cost["wall_s"], 1)]) + " |")
     lines += ["", "Success by task kind (mean score):", ""]
     kinds = sorted({r["kind"] or "-" for res in results for r in res["runs"] if not r["judge_required"]})
@@ -63,6 +63,12 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
                       f"[{comparison['low']:+.3f}, {comparison['high']:+.3f}] "
                       f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})."]
     return "\n".join(lines) + "\n"
+
+
+def _tokens(cost: dict[str, Any]) -> str:
+    text = f"{cost.get('tokens_act', 0)} / {cost.get('tokens_rehearse', 0)}"
+    imagined = sum(v for k, v in cost.items() if k.startswith("tokens_imagined_"))
+    return f"{text} (+ {imagined})" if imagined else text
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> bool:

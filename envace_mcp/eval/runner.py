@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,8 +64,11 @@ async def run_task(
                                     mode=mode, instructions=suite.instructions, sampling=sampling or {})
             notes: dict[str, Any] = {}
             if rehearse_n > 0 and turn == 0:  # test-time rehearsal imagines the opening request
-                attempts = await imagine(graph, text, context, n=rehearse_n, strategy=strategy)
+                counting = CountingPolicy(policy)
+                attempts = await imagine(graph, text, dataclasses.replace(context, policy=counting),
+                                         n=rehearse_n, strategy=strategy)
                 notes = {"notes": condense(attempts)} if attempts else {}
+                fields["metadata"] = {"imagined_tokens": counting.tokens}  # their cost, in the real run's trace
             state, trace = await record_run(compiled, {"messages": [*messages, HumanMessage(content=text)], **notes},
                                             context=context, store=_Collect(turn_traces), on_update=on_update,
                                             **fields)
@@ -79,6 +83,28 @@ async def run_task(
     if store is not None:
         store.attach_reward(trace.run_id, reward)
     return TaskRun(task=task, episode=episode, state=state, verdict=verdict, attempts=attempts, trace=trace)
+
+
+class CountingPolicy:
+    """A policy that counts the tokens it generates per role (test-time rehearsal's cost)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", None)
+        self.tokens: dict[str, int] = {}
+
+    def _count(self, generation: Any) -> Any:
+        self.tokens[generation.role] = self.tokens.get(generation.role, 0) + len(generation.completion_ids or [])
+        return generation
+
+    async def act(self, request: Any, sampling: Any = None) -> Any:
+        return self._count(await self.inner.act(request, sampling))
+
+    async def rehearse(self, request: Any, sampling: Any = None) -> Any:
+        return self._count(await self.inner.rehearse(request, sampling))
+
+    async def critique(self, request: Any, sampling: Any = None) -> Any:
+        return self._count(await self.inner.critique(request, sampling))
 
 
 class _Collect:

@@ -25,7 +25,7 @@ def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurati
     result = CliRunner().invoke(app, [
         "eval", "--suite", "bank", "--limit", "3", "--repeats", "2", "--policy", "reference", "--out", str(out),
         "--gate", "rehearse=all", "--max-new-tokens", "8",
-        "--compare", f"policy=model,model={tiny_model},repeats=1"])
+        "--compare", f"policy=model,model={tiny_model},repeats=1,rehearse=1"])
     assert result.exit_code == 0, result.output
     a, b = (json.loads((out / x / "results.json").read_text()) for x in ("a", "b"))
     assert a["summary"]["success"]["pass@1"] == 1.0 and a["summary"]["success"]["pass^2"] == 1.0
@@ -34,6 +34,8 @@ def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurati
     assert len(a["runs"]) == 6 and len(b["runs"]) == 3
     # the random tiny model writes no valid call: lower score, generated tokens counted
     assert b["summary"]["success"]["score"] < 1.0 and b["summary"]["cost"]["tokens_act"] > 0
+    # test-time rehearsal's imagined runs are part of the cost, counted apart
+    assert b["summary"]["cost"]["tokens_imagined_act"] > 0 and b["summary"]["cost"]["tokens_imagined_critique"] > 0
     assert len(list(TraceStore(out / "a" / "traces").read())) == 6
     assert {t.rewards[-1].name for t in TraceStore(out / "b" / "traces").read()} == {"task"}
     diff = json.loads((out / "compare.json").read_text())["difference"]
