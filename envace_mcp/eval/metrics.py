@@ -77,6 +77,10 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
                 real_error = bool((step.result or {}).get("is_error"))
                 fidelity.append({"score": step.comparison.score, "exact": step.comparison.score >= 1.0,
                                  "error_ok": guess in ("result", "tool_error") and (guess == "tool_error") == real_error})
+    if not any(s.role == "tool" for s in trace.steps):  # single-turn suites (BFCL AST): nothing executes,
+        for step in trace.steps:                          # the calls the model proposed are its answer
+            if step.role == "act" and isinstance(step.parsed, dict):
+                made += [(c.get("name"), c.get("arguments") or {}) for c in step.parsed.get("tool_calls") or []]
     for role, count in ((trace.metadata or {}).get("imagined_tokens") or {}).items():
         tokens[f"imagined_{role}"] += count  # test-time rehearsal's imagined runs
     real_calls = sum(1 for s in trace.steps if s.role == "tool" and s.decision in ("execute", None) and not s.simulated)

@@ -121,6 +121,8 @@ def test_single_turn_ast_categories_score_every_reference_answer(category, count
                                          out=tmp_path))
     assert results["summary"]["success"]["pass@1"] == 1.0, [r["task_id"] for r in results["runs"] if not r["passed"]]
     assert len(list(TraceStore(tmp_path / "traces").read())) == count
+    calls = results["summary"]["tool_calls"]  # the proposed calls are what these suites measure
+    assert calls["f1"] == 1.0 and calls["made"] == calls["reference"] == sum(len(t.actions) for t in suite.tasks)
 
 
 def test_ast_checker_rejects_wrong_values_missing_arguments_and_calls_that_should_not_happen():
