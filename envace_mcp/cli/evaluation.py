@@ -22,7 +22,8 @@ def eval_command(
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
     model: Annotated[Optional[str], typer.Option(help="Hugging Face id or folder (default: embedded SmolLM2)")] = None,
     adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder")] = None,
-    policy: Annotated[str, typer.Option(help="model, or reference (the tasks' reference solutions: a ceiling)")] = "model",
+    policy: Annotated[str, typer.Option(help="model; reference (the tasks' reference solutions: a ceiling); "
+                                             "noop (answers without calling anything: the floor)")] = "model",
     mode: Annotated[str, typer.Option(help="real, simulated or mixed")] = "real",
     rehearse: Annotated[int, typer.Option(help="imagined runs before each real one (test-time rehearsal N)")] = 0,
     strategy: Annotated[str, typer.Option(help="parallel or sequential test-time rehearsal")] = "parallel",
@@ -45,8 +46,8 @@ def eval_command(
 
     if mode not in ("real", "simulated", "mixed") or strategy not in ("parallel", "sequential"):
         _fail(ValueError("--mode must be real, simulated or mixed; --strategy parallel or sequential"))
-    if policy not in ("model", "reference"):
-        _fail(ValueError("--policy must be model or reference"))
+    if policy not in ("model", "reference", "noop"):
+        _fail(ValueError("--policy must be model, reference or noop"))
     if repeats < 1:
         _fail(ValueError("--repeats must be at least 1"))
     target = _suite(suite)

@@ -35,8 +35,9 @@ class EvalSettings:
     model: str | None = None
     adapter: str | None = None
     policy: str = "model"
-    """`model` (a transformers model: `model` + `adapter`) or `reference` (the tasks' reference
-    solutions and a perfect world model: the adapter's ceiling, and how its scoring is tested)."""
+    """`model` (a transformers model: `model` + `adapter`), `reference` (the tasks' reference
+    solutions and a perfect world model: the adapter's ceiling, and how its scoring is tested) or
+    `noop` (answers at once without calling anything: the floor a suite gives for doing nothing)."""
     mode: str = "real"
     rehearse: int = 0
     """Test-time rehearsal: imagined runs before the real one (EnvACE's N)."""
@@ -88,6 +89,10 @@ def make_policy(settings: EvalSettings, suite: Any, task: Any, base: Any) -> Any
         from envace_mcp.testing import FunctionPolicy
 
         return FunctionPolicy(**reference_roles(suite, task))
+    if settings.policy == "noop":
+        from envace_mcp.testing import FunctionPolicy
+
+        return FunctionPolicy(act=lambda request: "I cannot help with that.")
     return base
 
 

@@ -91,3 +91,12 @@ def test_embedded_model_smoke_run_per_suite(tmp_path, suite):
     run = res["runs"][0]
     assert run["status"] in ("finished", "failed") and run["tokens"].get("act", 0) > 0, run
     assert len(list(TraceStore(out / "traces").read())) == 1
+
+
+def test_the_noop_policy_measures_a_suites_floor(tmp_path):
+    result = CliRunner().invoke(app, ["eval", "--suite", "bank", "--policy", "noop", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "results.json").read_text())["summary"]
+    # doing nothing passes exactly the 8 refusals of another customer's account among the 96 test tasks
+    assert summary["success"]["tasks"] == 96 and summary["success"]["pass@1"] == pytest.approx(8 / 96)
+    assert summary["tool_calls"]["made"] == 0 and summary["cost"]["real_calls"] == 0
