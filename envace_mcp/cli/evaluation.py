@@ -15,7 +15,9 @@ from envace_mcp.errors import EnvaceError
 
 @app.command("eval")
 def eval_command(
-    suite: Annotated[str, typer.Option(help="bank, retail, tau2-airline, tau2-retail")],
+    suite: Annotated[str, typer.Option(help="bank, retail, tau2-airline, tau2-retail, bfcl-base, bfcl-miss_func, "
+                                            "bfcl-miss_param, bfcl-long_context, bfcl-simple, bfcl-multiple, "
+                                            "bfcl-parallel, bfcl-parallel_multiple, bfcl-irrelevance")],
     out: Annotated[Path, typer.Option(help="folder for results.json / .md / .png and traces/")],
     split: Annotated[str, typer.Option(help="train or test")] = "test",
     limit: Annotated[Optional[int], typer.Option(help="the first K tasks of the split")] = None,
