@@ -90,15 +90,20 @@ def test_no_server_process_outlives_ctrl_c(tmp_path):
                 await anyio.sleep(3600)
         anyio.run(main)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        server_pid = int(proc.stdout.readline())
-        assert alive(server_pid)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=20)
-    finally:
-        proc.kill()
-    assert "KeyboardInterrupt" in proc.stderr.read()
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w") as err:  # a file, not a pipe: a full pipe could block the agent's exit
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            server_pid = int(proc.stdout.readline())
+            assert alive(server_pid)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the agent did not exit within 60 s of Ctrl-C; its stderr:\n{errors.read_text()[-3000:]}")
+        finally:
+            proc.kill()
+    assert "KeyboardInterrupt" in errors.read_text()
     assert wait_until(lambda: not alive(server_pid))
 
 
