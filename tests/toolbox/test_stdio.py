@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import anyio
 import pytest
@@ -81,8 +82,11 @@ async def test_no_server_process_outlives_an_exception_in_the_caller(probe_stdio
 def test_no_server_process_outlives_ctrl_c(tmp_path):
     script = tmp_path / "agent.py"
     script.write_text(textwrap.dedent(f"""
-        import anyio, sys
+        import anyio, faulthandler, signal, sys
         from envace_mcp.toolbox import Toolbox
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
+        # Ctrl-C as at a terminal: a shell's background job (CI launched with `&`) inherits SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         async def main():
             async with Toolbox({{"probe": {{"command": sys.executable, "args": [{PROBE!r}]}}}}) as toolbox:
                 pid = (await toolbox.call("pid")).structured_content["result"]
@@ -100,6 +104,8 @@ def test_no_server_process_outlives_ctrl_c(tmp_path):
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)
+                time.sleep(2)
                 pytest.fail(f"the agent did not exit within 60 s of Ctrl-C; its stderr:\n{errors.read_text()[-3000:]}")
         finally:
             proc.kill()
