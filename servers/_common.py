@@ -216,7 +216,11 @@ class EpisodeStore:
 
 def request_meta(ctx: Any) -> dict[str, Any]:
     """The `_meta` of the request being handled (empty when none)."""
-    meta = getattr(getattr(ctx, "request_context", None), "meta", None)
+    return meta_dict(getattr(getattr(ctx, "request_context", None), "meta", None))
+
+
+def meta_dict(meta: Any) -> dict[str, Any]:
+    """A request's `_meta` (a mapping or the SDK's model with extra keys) as a plain dict."""
     if meta is None:
         return {}
     if isinstance(meta, Mapping):

@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._common import EPISODE_KEY, TASK_KEY
+from ._common import EPISODE_KEY, TASK_KEY, meta_dict
 
 CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
            "VehicleControlAPI")
@@ -51,6 +51,11 @@ def data_dir() -> Path:
     return Path(_bfcl().__file__).with_name("data")
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of one of bfcl-eval's data files (one JSON object per line)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 @cache
 def function_docs() -> dict[str, list[dict[str, Any]]]:
     """Each class's BFCL function docs."""
@@ -59,21 +64,15 @@ def function_docs() -> dict[str, list[dict[str, Any]]]:
     docs = {}
     for cls in CLASSES:
         path = data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls]
-        docs[cls] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        docs[cls] = read_jsonl(path)
     return docs
 
 
 @cache
 def entries() -> dict[str, dict[str, Any]]:
     """Every multi-turn test entry by id, across the four categories."""
-    out = {}
-    for category in CATEGORIES:
-        path = data_dir() / f"BFCL_v4_multi_turn_{category}.json"
-        for line in path.read_text().splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                out[entry["id"]] = entry
-    return out
+    return {entry["id"]: entry for category in CATEGORIES
+            for entry in read_jsonl(data_dir() / f"BFCL_v4_multi_turn_{category}.json")}
 
 
 def json_schema(bfcl: Any) -> Any:
@@ -97,6 +96,7 @@ def json_schema(bfcl: Any) -> Any:
     return out
 
 
+@cache
 def owner_of() -> dict[str, str]:
     """Method name -> class, over the multi-turn classes (their names do not collide)."""
     return {doc["name"]: cls for cls, docs in function_docs().items() for doc in docs}
@@ -158,7 +158,7 @@ def build_server() -> Any:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        meta = _meta(params)
+        meta = meta_dict(getattr(params, "meta", None))
         try:
             task_id = meta.get(TASK_KEY)
             if not task_id:
@@ -175,15 +175,6 @@ def build_server() -> Any:
     server = Server("bfcl", version="0.1.0", instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool)
     server.episodes = episodes  # type: ignore[attr-defined]
     return server
-
-
-def _meta(params: Any) -> dict[str, Any]:
-    meta = getattr(params, "meta", None)
-    if meta is None:
-        return {}
-    if isinstance(meta, dict):
-        return meta
-    return {**(getattr(meta, "model_extra", None) or {}), **{k: v for k, v in vars(meta).items() if not k.startswith("_")}}
 
 
 INSTRUCTIONS = ("You carry out the user's requests by calling the available functions. Call a function when a "

@@ -18,6 +18,7 @@ instances (kept in module globals) never mix runs, and they are dropped after sc
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import json
 import re
@@ -38,7 +39,12 @@ class _EvalOnly:
     """What both BFCL suite kinds share: BFCL is an evaluation set (every task is a test task, none is
     for training), and the same system instructions."""
 
+    category: str
     tasks: list[Task]
+
+    @property
+    def name(self) -> str:
+        return f"bfcl-{self.category}"
 
     def split(self, split: str) -> list[Task]:
         return list(self.tasks) if split == "test" else []
@@ -62,10 +68,6 @@ class BfclSuite(_EvalOnly):
     category: str
 
     @property
-    def name(self) -> str:
-        return f"bfcl-{self.category}"
-
-    @property
     def transports(self) -> tuple[str, ...]:
         return ("inprocess", "stdio")
 
@@ -83,7 +85,7 @@ class BfclSuite(_EvalOnly):
     @cached_property
     def ground_truth(self) -> dict[str, list[list[str]]]:
         path = self.bridge.data_dir() / "possible_answer" / f"BFCL_v4_multi_turn_{self.category}.json"
-        return {e["id"]: e["ground_truth"] for e in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+        return {e["id"]: e["ground_truth"] for e in self.bridge.read_jsonl(path)}
 
     @cached_property
     def tasks(self) -> list[Task]:
@@ -132,7 +134,7 @@ class BfclSuite(_EvalOnly):
             return CheckResult(0.0, (Check("turns", False, f"the run covered {len(decoded)} of {len(truth)} turns"),))
         model = f"envace_{uuid.uuid4().hex}"
         try:
-            verdict = multi_turn_checker(decoded, truth, json.loads(json.dumps(self.entries[task.id])),
+            verdict = multi_turn_checker(decoded, truth, copy.deepcopy(self.entries[task.id]),
                                          f"multi_turn_{self.category}", model)
         finally:
             prefix = re.sub(r"[-./:]", "_", model)
@@ -281,10 +283,6 @@ class BfclAstSuite(_EvalOnly):
     category: str
 
     @property
-    def name(self) -> str:
-        return f"bfcl-{self.category}"
-
-    @property
     def transports(self) -> tuple[str, ...]:
         return ("none",)
 
@@ -296,8 +294,7 @@ class BfclAstSuite(_EvalOnly):
     def entries(self) -> dict[str, dict[str, Any]]:
         from envace_mcp.servers import bfcl
 
-        path = bfcl.data_dir() / self._file
-        return {e["id"]: e for e in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+        return {e["id"]: e for e in bfcl.read_jsonl(bfcl.data_dir() / self._file)}
 
     @cached_property
     def answers(self) -> dict[str, list[dict[str, Any]]]:
@@ -306,7 +303,7 @@ class BfclAstSuite(_EvalOnly):
         path = bfcl.data_dir() / "possible_answer" / self._file
         if not path.exists():  # irrelevance: the answer is "no call"
             return {}
-        return {e["id"]: e["ground_truth"] for e in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+        return {e["id"]: e["ground_truth"] for e in bfcl.read_jsonl(path)}
 
     @cached_property
     def tasks(self) -> list[Task]:

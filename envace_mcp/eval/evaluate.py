@@ -141,7 +141,8 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
                 for repeat in range(settings.repeats):
                     for task in tasks:
                         tg.start_soon(one, task, repeat)
-    records.sort(key=lambda r: ([t.id for t in tasks].index(r["task_id"]), r["repeat"]))
+    position = {task.id: i for i, task in enumerate(tasks)}
+    records.sort(key=lambda r: (position[r["task_id"]], r["repeat"]))
     results = {"settings": asdict(settings), "label": settings.label(), "suite": suite.name,
                "wall_s": time.perf_counter() - started, "summary": summarize(records), "runs": records}
     write_results(out, results)
