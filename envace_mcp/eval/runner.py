@@ -69,8 +69,9 @@ async def run_task(
                                          n=rehearse_n, strategy=strategy)
                 notes = {"notes": condense(attempts)} if attempts else {}
                 fields["metadata"] = {"imagined_tokens": counting.tokens}  # their cost, in the real run's trace
+            # record_run appends each turn's trace (failed or not) to `turn_traces`, a list being store enough
             state, trace = await record_run(compiled, {"messages": [*messages, HumanMessage(content=text)], **notes},
-                                            context=context, store=_Collect(turn_traces), on_update=on_update,
+                                            context=context, store=turn_traces, on_update=on_update,
                                             **fields)
             messages = list(state.get("messages", []))
     finally:
@@ -105,16 +106,6 @@ class CountingPolicy:
 
     async def critique(self, request: Any, sampling: Any = None) -> Any:
         return self._count(await self.inner.critique(request, sampling))
-
-
-class _Collect:
-    """A store-shaped list: `record_run` hands it each turn's trace, failed or not."""
-
-    def __init__(self, into: list[Any]) -> None:
-        self.into = into
-
-    def append(self, trace: Any) -> None:
-        self.into.append(trace)
 
 
 def merge_turns(traces: list[Any], turns: list[str]) -> Any:
