@@ -61,7 +61,7 @@ async def main(n: int, max_new: int, dtype: str) -> None:
     await run(policy, batch[:2], 4)  # warm-up
     batched_s, batched_tokens, batched, b_spent = await run(policy, batch, max_new)
     sizes = list(policy.batcher.batch_sizes[1:])  # after the warm-up batch
-    policy.batcher = Batcher(policy.generate_batch, max_batch=1, window_s=0.0)
+    policy.batcher = Batcher(policy.generate_batch, max_batch=1, window_s=0.0, stream=policy.stream)
     single_s, single_tokens, single, s_spent = await run(policy, batch, max_new)
     same = sum(a.completion_ids == b.completion_ids for a, b in zip(batched, single))
     prompt = sum(len(r.prompt_ids) for r in batched) / n

@@ -8,19 +8,22 @@
   log_softmax(logits / temperature)[token] — what a trainer recomputes from the same tokens
   (top-k / top-p only narrow the sampling, not the recorded distribution). Greedy (temperature 0)
   records log_softmax(logits).
-- Concurrent requests are coalesced into one left-padded batch (`Batcher`); each row samples with
-  its own seeded generator, so results do not depend on which requests shared a batch.
+- Concurrent requests share one decode batch (`Batcher`, continuous batching): a request that
+  arrives while others decode joins at the next token step, and each result is returned when its
+  row finishes. Each row samples with its own seeded generator, so results do not depend on which
+  requests shared a batch.
 - The rehearse role is a fresh chat (EnvACE), so there is no act prefix to reuse across roles; within
   one generation the prompt is encoded once and every new token reuses the KV cache.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from envace_mcp.errors import UserError
-from envace_mcp.policy._batching import Batcher
+from envace_mcp.policy._batching import Batcher, ListFeed
+from envace_mcp.policy._decode_attention import use_for_decoding
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, plain_chat
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
@@ -93,11 +97,13 @@ class TransformersPolicy(PromptPolicy):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers 5.2x renamed `past_key_values` to `cache`; accept both generations of the API
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        self.decode_attention = use_for_decoding(model)
+        """Whether one-token steps use the packed grouped-query attention (CPU models on `sdpa`)."""
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.prefill_stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
         """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent."""
         self.batcher: Batcher[_Job, RawCompletion] = Batcher(self.generate_batch, max_batch=max_batch_size,
-                                                             window_s=batch_window_s)
+                                                             window_s=batch_window_s, stream=self.stream)
 
     # ------------------------------------------------------------------ loading
 
@@ -177,64 +183,74 @@ class TransformersPolicy(PromptPolicy):
     # ------------------------------------------------------------------ generation
 
     def generate_batch(self, jobs: list[_Job]) -> list[RawCompletion]:
-        """Generate every job in one left-padded batch (synchronous; the batcher calls it in a thread)."""
+        """Generate every job (synchronous; rows join and leave one decode batch as in `stream`)."""
+        feed: ListFeed[_Job, RawCompletion] = ListFeed(jobs)
+        self.stream(feed, max(len(jobs), 1))
+        return feed.results()
+
+    def stream(self, feed: Any, max_rows: int) -> int:
+        """Continuous batching (the batcher calls this in a worker thread): take jobs from `feed`,
+        decode up to `max_rows` together, admit newly arrived jobs at every token step, deliver each
+        result when its row finishes; return when no job is left. Returns the most rows decoded together."""
         with self._lock, torch.inference_mode():
-            return self._generate(jobs)
+            return self._stream(feed, max_rows)
 
-    def _generate(self, jobs: list[_Job]) -> list[RawCompletion]:
-        from transformers import DynamicCache
-
+    def _stream(self, feed: Any, max_rows: int) -> int:
+        # Each prompt is prefilled alone (no padding waste, shared prefixes from the prefix cache),
+        # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
-        batch = len(jobs)
-        # Prefill one prompt at a time (no padding waste, the fast causal kernel, and shared
-        # prefixes reused from the prefix cache), then decode all rows together over one
-        # left-padded cache.
-        started = time.perf_counter()
-        prefilled = [self._prefill(job.prompt_ids, device) for job in jobs]
-        decode_started = time.perf_counter()
-        self.prefill_stats["prefill_s"] += decode_started - started
-        lengths = [len(job.prompt_ids) for job in jobs]
-        width = max(lengths)
-        cache = DynamicCache(config=self.model.config)
-        for layer in range(len(prefilled[0][0])):
-            keys = torch.cat([F.pad(kv[layer][0], (0, 0, width - n, 0)) for (kv, _), n in zip(prefilled, lengths)])
-            values = torch.cat([F.pad(kv[layer][1], (0, 0, width - n, 0)) for (kv, _), n in zip(prefilled, lengths)])
-            cache.update(keys, values, layer)
-        mask = torch.zeros((batch, width), dtype=torch.long, device=device)
-        for row, n in enumerate(lengths):
-            mask[row, width - n:] = 1
-        logits = torch.stack([last for _, last in prefilled])
-        next_pos = torch.tensor(lengths, dtype=torch.long, device=device)[:, None]
-        generators = [torch.Generator(device="cpu").manual_seed(job.seed) for job in jobs]
-        tokens: list[list[int]] = [[] for _ in jobs]
-        logprobs: list[list[float]] = [[] for _ in jobs]
-        finish: list[str | None] = [None] * batch
-        for _step in range(max(j.sampling.max_new_tokens for j in jobs)):
-            step_tokens = torch.full((batch, 1), self.pad_id, dtype=torch.long, device=device)
-            for row, job in enumerate(jobs):
-                if finish[row] is not None:
+        batch = _DecodeBatch(self.model, self._cache_kw, device)
+        rows: list[_Row] = []
+        peak = 0
+        while True:
+            started = time.perf_counter()
+            arrived, took = [], []
+            if len(rows) < max_rows and (batch.joinable or not rows):
+                took = feed.take(max_rows - len(rows))
+                for job, ticket in took:
+                    try:
+                        kv, logits = self._prefill(job.prompt_ids, device)
+                    except Exception as exc:  # this job fails; the others go on
+                        feed.fail(ticket, exc)
+                        continue
+                    row = _Row(job, ticket, torch.Generator(device="cpu").manual_seed(job.seed), logits)
+                    arrived.append((row, kv))
+            if arrived:
+                batch.admit([kv for _, kv in arrived], [row.job.sampling.max_new_tokens for row, _ in arrived],
+                            [row.remaining() for row in rows])
+                rows.extend(row for row, _ in arrived)
+            decode_started = time.perf_counter()
+            self.prefill_stats["prefill_s"] += decode_started - started
+            if not rows:
+                if took:  # every job taken failed in prefill: look for more
                     continue
-                token, logprob = _sample(logits[row], job.sampling, generators[row])
-                tokens[row].append(token)
-                logprobs[row].append(logprob)
-                step_tokens[row, 0] = token
-                if token in self.eos_ids or self._hit_stop(tokens[row], job.sampling.stop):
-                    finish[row] = "stop"
-                elif len(tokens[row]) >= job.sampling.max_new_tokens:
-                    finish[row] = "length"
-            if all(f is not None for f in finish):
-                break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
-            out = self.model(input_ids=step_tokens, attention_mask=mask, position_ids=next_pos,
-                             use_cache=True, **{self._cache_kw: cache})
-            logits = out.logits[:, -1, :].float()
-            next_pos = next_pos + 1
-        self.prefill_stats["decode_s"] += time.perf_counter() - decode_started
-        return [
-            RawCompletion(text=self._decode(tokens[row]), prompt_ids=job.prompt_ids, completion_ids=tokens[row],
-                          logprobs=logprobs[row], finish_reason=finish[row] or "length")  # type: ignore[arg-type]
-            for row, job in enumerate(jobs)
-        ]
+                return peak
+            if len(rows) > peak:
+                peak = len(rows)
+                feed.rows(peak)
+            for slot in reversed(range(len(rows))):  # sample every row; finished rows leave the batch
+                row = rows[slot]
+                token, logprob = _sample(row.logits, row.job.sampling, row.generator)
+                row.tokens.append(token)
+                row.logprobs.append(logprob)
+                if token in self.eos_ids or self._hit_stop(row.tokens, row.job.sampling.stop):
+                    row.finish = "stop"
+                elif len(row.tokens) >= row.job.sampling.max_new_tokens:
+                    row.finish = "length"
+                if row.finish is not None:
+                    feed.deliver(row.ticket, self._result(row))
+                    batch.remove(slot)
+                    rows[slot] = rows[-1]
+                    rows.pop()
+            if rows:
+                logits = batch.step([row.tokens[-1] for row in rows], [row.position() for row in rows])
+                for row, row_logits in zip(rows, logits):
+                    row.logits = row_logits
+            self.prefill_stats["decode_s"] += time.perf_counter() - decode_started
+
+    def _result(self, row: _Row) -> RawCompletion:
+        return RawCompletion(text=self._decode(row.tokens), prompt_ids=row.job.prompt_ids, completion_ids=row.tokens,
+                             logprobs=row.logprobs, finish_reason=row.finish or "length")  # type: ignore[arg-type]
 
     def _prefill(self, prompt_ids: list[int], device: torch.device) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         """Per-layer (keys, values) of one prompt and the logits after its last token."""
@@ -336,6 +352,206 @@ def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache))  # transformers 4.x
+
+
+@dataclass
+class _Row:
+    """One request being decoded."""
+
+    job: _Job
+    ticket: Any
+    generator: torch.Generator
+    logits: torch.Tensor
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+    def position(self) -> int:
+        """Position id of the token being fed (its prompt's length plus the tokens before it)."""
+        return len(self.job.prompt_ids) + len(self.tokens) - 1
+
+    def remaining(self) -> int:
+        return self.job.sampling.max_new_tokens - len(self.tokens)
+
+
+class _DecodeBatch:
+    """The decode batch's keys/values: one buffer per layer, (rows, kv heads, columns, head dim).
+
+    All rows write their next token in the same column (`seen`); each row's prompt sits right-aligned
+    before the column that was current when it joined, and the attention mask hides every column a
+    row does not own (its left padding, and the gap when a longer prompt joined later). Position ids
+    are per row, so a row's positions do not depend on where its columns are. Rows leave by
+    swapping the last row into their slot (one row copied). Models with other cache layers than plain
+    full attention (sliding windows) keep the library's cache objects and only take new rows when the
+    batch is empty.
+    """
+
+    compact_from = 256
+    """Leading columns no live row uses are dropped once there are this many and they are half the buffer."""
+
+    def __init__(self, model: Any, cache_kw: str, device: torch.device) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache_kw, self.device = model, cache_kw, device
+        self.cache = DynamicCache(config=model.config)
+        layers = getattr(self.cache, "layers", None)
+        self.joinable = bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        self.rows = 0  # live rows: slots [0, rows)
+        self.seen = 0  # columns in use; the next token of every row goes to column `seen`
+        self.starts: list[int] = []  # first column of each row's prompt
+
+    # -- membership
+
+    def admit(self, prompts: list[list[tuple[torch.Tensor, torch.Tensor]]], new_tokens: list[int],
+              remaining: list[int]) -> None:
+        """Add prefilled rows (per-layer (1, kv, n, d) keys/values) with room for their new tokens."""
+        lengths = [kv[0][0].shape[2] for kv in prompts]
+        if not self.joinable:
+            return self._start_plain(prompts, lengths)
+        old = self.rows
+        seen = max([self.seen, *lengths])
+        columns = seen + max([*new_tokens, *remaining])
+        self._reserve(old + len(prompts), columns, like=prompts[0])
+        self.mask[:old, self.seen:seen] = 0  # existing rows skip the columns of a longer new prompt
+        for i, (kv, n) in enumerate(zip(prompts, lengths)):
+            slot = old + i
+            self.mask[slot] = 0
+            self.mask[slot, seen - n:seen] = 1
+            for layer, (keys, values) in enumerate(kv):
+                self.keys[layer][slot, :, seen - n:seen] = keys[0]
+                self.values[layer][slot, :, seen - n:seen] = values[0]
+            self.starts.append(seen - n)
+        self.rows, self.seen = old + len(prompts), seen
+        self._bind()
+
+    def remove(self, slot: int) -> None:
+        """Drop a row: the last row moves into its slot (row order is the caller's list order too)."""
+        last = self.rows - 1
+        if self.joinable:
+            if slot != last:
+                for buf in (*self.keys, *self.values):
+                    buf[slot, :, : self.seen] = buf[last, :, : self.seen]
+                self.mask[slot, : self.seen] = self.mask[last, : self.seen]
+                self.starts[slot] = self.starts[last]
+            self.starts.pop()
+            self.rows = last
+            self._compact()
+            self._bind()
+        else:
+            order = torch.tensor([*range(slot), *([last] if slot != last else []), *range(slot + 1, last)],
+                                 dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                layer.batch_select_indices(order)
+            self.mask = self.mask[order]
+            self.rows = last
+
+    # -- one step
+
+    def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Feed each row's last token; (rows, vocab) float32 logits for the next one."""
+        if self.joinable and self.seen + 1 > self.mask.shape[1]:
+            self._reserve(self.rows, self.seen + 1 + 64)
+            self._bind()
+        if self.mask.shape[1] <= self.seen:  # plain library cache: the mask grows with it
+            self.mask = torch.cat([self.mask, self.mask.new_zeros(self.mask.shape[0], 1)], dim=1)
+        self.mask[: self.rows, self.seen] = 1
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)[:, None]
+        out = self.model(input_ids=ids, attention_mask=self.mask[: self.rows, : self.seen + 1], position_ids=pos,
+                         use_cache=True, **{self.cache_kw: self.cache})
+        self.seen += 1
+        if self.joinable:
+            self._bind()
+        return out.logits[:, -1, :].float()
+
+    # -- storage
+
+    def _reserve(self, rows: int, columns: int, like: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Make the buffers hold at least `rows` x `columns` (grown with slack: one copy when grown).
+        `like`: one prompt's per-layer keys/values, for the shapes of the first buffers."""
+        have_rows, have_cols = self.mask.shape
+        if rows <= have_rows and columns <= have_cols:
+            return
+        rows = max(rows, min(2 * have_rows, rows + 16))
+        columns = max(columns, have_cols + have_cols // 4) if columns > have_cols else have_cols
+        mask = self.mask.new_zeros((rows, columns))
+        mask[: self.rows, : self.seen] = self.mask[: self.rows, : self.seen]
+        self.mask = mask
+        if not self.keys:
+            for keys, values in like or []:
+                self.keys.append(keys.new_zeros((rows, keys.shape[1], columns, keys.shape[3])))
+                self.values.append(values.new_zeros((rows, values.shape[1], columns, values.shape[3])))
+            return
+        for bufs in (self.keys, self.values):
+            for layer, old in enumerate(bufs):
+                new = old.new_zeros((rows, old.shape[1], columns, old.shape[3]))
+                new[: self.rows, :, : self.seen] = old[: self.rows, :, : self.seen]
+                bufs[layer] = new
+
+    def _compact(self) -> None:
+        """Drop leading columns no live row uses once they are most of the buffer (keeps steps cheap)."""
+        if not self.rows:
+            self.seen, self.starts = 0, []
+            self.mask.zero_()
+            return
+        cut = min(self.starts)
+        if cut < self.compact_from or cut * 2 < self.seen:
+            return
+        for buf in (*self.keys, *self.values):
+            buf[: self.rows, :, : self.seen - cut] = buf[: self.rows, :, cut : self.seen].clone()
+        self.mask[: self.rows, : self.seen - cut] = self.mask[: self.rows, cut : self.seen].clone()
+        self.mask[: self.rows, self.seen - cut : self.seen] = 0
+        self.seen -= cut
+        self.starts = [s - cut for s in self.starts]
+
+    def _bind(self) -> None:
+        """Point the cache's layers at the live rows' columns."""
+        layer_type = _preallocated_layer()
+        for index, (keys, values) in enumerate(zip(self.keys, self.values)):
+            layer = self.cache.layers[index]
+            if not isinstance(layer, layer_type):
+                layer = self.cache.layers[index] = layer_type()
+            layer.bind(keys, values, self.rows, self.seen)
+
+    def _start_plain(self, prompts: list[list[tuple[torch.Tensor, torch.Tensor]]], lengths: list[int]) -> None:
+        from transformers import DynamicCache
+
+        width = max(lengths)
+        self.cache = DynamicCache(config=self.model.config)
+        for layer in range(len(prompts[0])):
+            keys = torch.cat([F.pad(kv[layer][0], (0, 0, width - n, 0)) for kv, n in zip(prompts, lengths)])
+            values = torch.cat([F.pad(kv[layer][1], (0, 0, width - n, 0)) for kv, n in zip(prompts, lengths)])
+            self.cache.update(keys, values, layer)
+        self.mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+        for row, n in enumerate(lengths):
+            self.mask[row, width - n:] = 1
+        self.rows, self.seen = len(prompts), width
+
+
+@functools.cache
+def _preallocated_layer() -> type:
+    """`DynamicLayer` (imported lazily, like the rest of transformers here) over a `_DecodeBatch` buffer."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """Keys/values are views of the batch's buffers: `update` writes the new column in place, where
+        the library's layer concatenates (copies the whole cache) on every step."""
+
+        def bind(self, key_buf: torch.Tensor, value_buf: torch.Tensor, rows: int, seen: int) -> None:
+            self.key_buf, self.value_buf, self.live = key_buf, value_buf, rows
+            self.device, self.is_initialized = key_buf.device, True
+            self.keys, self.values = key_buf[:rows, :, :seen], value_buf[:rows, :, :seen]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            seen, new = self.keys.shape[2], key_states.shape[2]  # the batch reserved the columns
+            self.key_buf[: self.live, :, seen : seen + new] = key_states
+            self.value_buf[: self.live, :, seen : seen + new] = value_states
+            return self.key_buf[: self.live, :, : seen + new], self.value_buf[: self.live, :, : seen + new]
+
+    return PreallocatedLayer
 
 
 def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> tuple[int, float]:

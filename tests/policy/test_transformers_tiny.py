@@ -145,3 +145,111 @@ async def test_act_turns_with_changing_memory_share_the_system_and_tools_prefix(
     common = policy.tokenizer.decode(ids_1[:shared])
     assert '"name": "cancel_order"' in common and "What is my balance?<|im_end|>" in common  # system, tools, task
     assert second.rstrip().endswith("<|im_start|>assistant\n<think>\n\n</think>") and "MISMATCH" in second.split("<tool_response>")[-1]
+
+
+def test_finished_rows_leave_the_decode_batch_and_the_rest_decode_as_if_alone(policy):
+    from envace_mcp.policy.transformers_backend import _Job
+
+    prompts = [policy.encode(policy.render([{"role": "user", "content": "word " * (3 * i + 1)}], None))
+               for i in range(6)]
+    jobs = [_Job(ids, SamplingParams(max_new_tokens=3 + 5 * i, temperature=0.9, stop=()), seed=i)
+            for i, ids in enumerate(prompts)]
+    widths: list[int] = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        together = policy.generate_batch(jobs)
+    finally:
+        hook.remove()
+    decode = [w for w in widths if w > 0][len(jobs):]  # after the one-prompt-at-a-time prefills
+    assert decode[0] == 6 and decode[-1] < 6 and decode == sorted(decode, reverse=True)
+    for job, got in zip(jobs, together):
+        alone = policy.generate_batch([job])[0]
+        assert got.completion_ids == alone.completion_ids
+        assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) < 1e-4
+        fresh = policy.score(job.prompt_ids, got.completion_ids, temperature=0.9)
+        assert max(abs(a - b) for a, b in zip(fresh, got.logprobs)) < 1e-4
+
+
+def test_one_token_steps_use_packed_attention_that_equals_sdpa(tiny_qwen3_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.policy._decode_attention import NAME
+
+    policy = load_policy(str(tiny_qwen3_dir))
+    assert policy.decode_attention and policy.model.config._attn_implementation == NAME
+    plain = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, attn_implementation="sdpa").eval()
+    assert plain.config.num_key_value_heads < plain.config.num_attention_heads  # grouped-query heads
+    torch.manual_seed(0)
+    ids = torch.randint(0, plain.config.vocab_size, (3, 9))
+    pad = torch.ones_like(ids)
+    pad[1, :4] = 0  # one left-padded row: the masked case; the others alone: the unmasked case
+    for mask in (None, pad):
+        with torch.inference_mode():
+            steps = []
+            for model in (plain, policy.model):
+                out = model(input_ids=ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1], use_cache=True)
+                step = model(input_ids=ids[:, -1:], attention_mask=mask, cache=out.past_key_values, use_cache=True)
+                steps.append(step.logits)
+        assert torch.allclose(steps[0], steps[1], atol=1e-5)
+    policy.model.save_pretrained(tmp_path / "saved")
+    assert NAME not in (tmp_path / "saved" / "config.json").read_text()
+
+
+class ScriptedFeed:
+    """Jobs that arrive at given decode steps (take calls), results recorded in delivery order."""
+
+    def __init__(self, arrivals):
+        self.arrivals, self.calls, self.delivered, self.live_when_taken = arrivals, 0, [], []
+
+    def take(self, n):
+        self.calls += 1
+        jobs = self.arrivals.get(self.calls, [])[:n]
+        self.live_when_taken += [(job, [d for d, _ in self.delivered]) for job, _ in jobs]
+        return jobs
+
+    def rows(self, n):
+        pass
+
+    def deliver(self, ticket, result):
+        self.delivered.append((ticket, result))
+
+    def fail(self, ticket, exc):
+        raise AssertionError(f"job {ticket} failed: {exc}")
+
+
+@pytest.mark.parametrize("compact_from", [256, 1])
+def test_jobs_that_arrive_mid_decode_join_the_batch_and_decode_as_if_alone(policy, compact_from, monkeypatch):
+    from envace_mcp.policy.transformers_backend import _DecodeBatch, _Job
+
+    monkeypatch.setattr(_DecodeBatch, "compact_from", compact_from)  # 1: drop unused columns at every chance
+    compactions = []
+    original = _DecodeBatch._compact
+
+    def spy(batch):
+        before = batch.seen
+        original(batch)
+        if batch.rows and batch.seen < before:
+            compactions.append((before, batch.seen))
+
+    monkeypatch.setattr(_DecodeBatch, "_compact", spy)
+
+    def job(words, new, seed):
+        ids = policy.encode(policy.render([{"role": "user", "content": "word " * words}], None))
+        return _Job(ids, SamplingParams(max_new_tokens=new, temperature=0.9), seed=seed)
+
+    first, shorter, longer, late = job(30, 6, 1), job(1, 20, 2), job(60, 4, 3), job(2, 5, 4)
+    # step 3: a short prompt (left-padded) and one longer than every column so far (the others skip
+    # the gap); `first` then leaves, so the short one's padding can be dropped; step 12: one more
+    feed = ScriptedFeed({1: [(first, "first")], 3: [(shorter, "shorter"), (longer, "longer")], 12: [(late, "late")]})
+    peak = policy.stream(feed, max_rows=8)
+    got = dict(feed.delivered)
+    assert peak == 3 and set(got) == {"first", "shorter", "longer", "late"}
+    assert [sorted(done) for _, done in feed.live_when_taken][1:] == [[], [], ["first", "longer"]]
+    assert bool(compactions) == (compact_from == 1)
+    for name, j in [("first", first), ("shorter", shorter), ("longer", longer), ("late", late)]:
+        alone = policy.generate_batch([j])[0]
+        assert got[name].completion_ids == alone.completion_ids, name
+        assert max(abs(a - b) for a, b in zip(got[name].logprobs, alone.logprobs)) < 1e-4
+        fresh = policy.score(j.prompt_ids, got[name].completion_ids, temperature=0.9)
+        assert max(abs(a - b) for a, b in zip(fresh, got[name].logprobs)) < 1e-4
