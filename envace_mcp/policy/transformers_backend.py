@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy._batching import Batcher, ListFeed
@@ -199,26 +198,30 @@ class TransformersPolicy(PromptPolicy):
         # Each prompt is prefilled alone (no padding waste, shared prefixes from the prefix cache),
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
-        batch = _DecodeBatch(self.model, self._cache_kw, device)
+        batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows)
+        if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
+            max_rows = 1
         rows: list[_Row] = []
         peak = 0
         while True:
             started = time.perf_counter()
-            arrived, took = [], []
+            took = []
             if len(rows) < max_rows and (batch.joinable or not rows):
                 took = feed.take(max_rows - len(rows))
-                for job, ticket in took:
-                    try:
-                        kv, logits = self._prefill(job.prompt_ids, device)
-                    except Exception as exc:  # this job fails; the others go on
-                        feed.fail(ticket, exc)
-                        continue
-                    row = _Row(job, ticket, torch.Generator(device="cpu").manual_seed(job.seed), logits)
-                    arrived.append((row, kv))
-            if arrived:
-                batch.admit([kv for _, kv in arrived], [row.job.sampling.max_new_tokens for row, _ in arrived],
-                            [row.remaining() for row in rows])
-                rows.extend(row for row, _ in arrived)
+            if took and batch.joinable:  # room for all first, then each prompt's keys/values go straight in
+                batch.make_room([len(job.prompt_ids) for job, _ in took],
+                                [job.sampling.max_new_tokens for job, _ in took], [row.remaining() for row in rows])
+            for job, ticket in took:
+                try:
+                    kv, logits, cache = self._prefill(job.prompt_ids, device)
+                except Exception as exc:  # this job fails; the others go on
+                    feed.fail(ticket, exc)
+                    continue
+                rows.append(_Row(job, ticket, torch.Generator(device="cpu").manual_seed(job.seed), logits))
+                if batch.joinable:
+                    batch.place(kv)
+                else:
+                    batch.start_alone(cache, len(job.prompt_ids))
             decode_started = time.perf_counter()
             self.prefill_stats["prefill_s"] += decode_started - started
             if not rows:
@@ -252,24 +255,30 @@ class TransformersPolicy(PromptPolicy):
         return RawCompletion(text=self._decode(row.tokens), prompt_ids=row.job.prompt_ids, completion_ids=row.tokens,
                              logprobs=row.logprobs, finish_reason=row.finish or "length")  # type: ignore[arg-type]
 
-    def _prefill(self, prompt_ids: list[int], device: torch.device) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Per-layer (keys, values) of one prompt and the logits after its last token."""
+    def _prefill(self, prompt_ids: list[int], device: torch.device) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, Any]:
+        """Per-layer (keys, values) of one prompt, the logits after its last token, and the cache."""
         from transformers import DynamicCache
 
         if not prompt_ids:
             raise UserError("cannot generate from an empty prompt")
-        reused, kv = self.prefix_cache.lookup(prompt_ids)
         cache = DynamicCache(config=self.model.config)
+        plain = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
+        # (a sliding-window layer keeps only its window: nothing to reuse as a prompt prefix)
+        reused, kv, source = self.prefix_cache.lookup(prompt_ids) if plain else (0, [], None)
         for layer, (keys, values) in enumerate(kv):
             cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
         rest = torch.tensor([prompt_ids[reused:]], dtype=torch.long, device=device)
         positions = torch.arange(reused, len(prompt_ids), device=device)[None, :]
-        out = self.model(input_ids=rest, position_ids=positions, use_cache=True, **{self._cache_kw: cache})
+        # logits of the last position only: the LM head over every prompt position would cost ~20 % of
+        # the prefill's compute and a (prompt length x vocabulary) tensor (334 MB for 1,700 tokens, fp32)
+        out = self.model(input_ids=rest, position_ids=positions, use_cache=True, logits_to_keep=1,
+                         **{self._cache_kw: cache})
         layers = _cache_layers(cache)
-        self.prefix_cache.store(prompt_ids, layers)
+        if plain:
+            self.prefix_cache.store(prompt_ids, layers, reused, source)
         self.prefill_stats["prompt_tokens"] += len(prompt_ids)
         self.prefill_stats["reused_tokens"] += reused
-        return layers, out.logits[0, -1, :].float()
+        return layers, out.logits[0, -1, :].float(), cache
 
     def _hit_stop(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
         if not stops:
@@ -313,31 +322,66 @@ class PrefixCache:
     """Keys/values of recent prompts, reused for the longest shared token prefix.
 
     Rehearse prompts of one task share their system prompt and tool list; act prompts of one
-    conversation extend the previous turn's prompt. Bounded by a total token budget (LRU).
+    conversation extend the previous turn's prompt. A prompt stored after reusing another's prefix
+    keeps a reference to that prefix and a copy of its own new tokens only, so sixteen concurrent
+    runs over one ~1,500-token system prompt hold it once, not sixteen times. Bounded by the tokens
+    actually held (LRU).
     """
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self.entries: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        self.entries: list[_Entry] = []
 
-    def lookup(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Length of the longest stored prefix of `ids` (leaving at least one token to run) and its KV."""
-        best, best_kv = 0, []
-        for index, (stored, kv) in enumerate(self.entries):
-            n = _common_prefix(stored, ids, limit=len(ids) - 1)
+    def lookup(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]], _Entry | None]:
+        """Length of the longest stored prefix of `ids` (leaving at least one token to run), its
+        per-layer keys/values (1, kv heads, length, head dim) and the entry it came from."""
+        best, hit = 0, None
+        for entry in self.entries:
+            n = _common_prefix(entry.ids, ids, limit=len(ids) - 1)
             if n > best:
-                best, best_kv, hit = n, kv, index
-        if best:
-            self.entries.append(self.entries.pop(hit))
-        return best, best_kv
+                best, hit = n, entry
+        if hit is None:
+            return 0, [], None
+        self.entries.remove(hit)
+        self.entries.append(hit)
+        return best, hit.keys_values(best), hit
 
-    def store(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def store(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]], reused: int = 0,
+              source: _Entry | None = None) -> None:
+        """Remember `ids` with their keys/values `kv`; the first `reused` tokens came from `source`."""
         if self.max_tokens <= 0 or len(ids) > self.max_tokens:
             return
-        self.entries = [(s, k) for s, k in self.entries if s != ids]
-        self.entries.append((list(ids), kv))
-        while sum(len(s) for s, _ in self.entries) > self.max_tokens:
+        self.entries = [e for e in self.entries if e.ids != ids]
+        pieces = source.pieces_upto(reused) if source is not None and reused else []
+        start = reused if pieces else 0
+        own = [(k[:, :, start:].clone(), v[:, :, start:].clone()) for k, v in kv] if start else kv  # a copy frees the rest
+        self.entries.append(_Entry(list(ids), [*pieces, (own, start, len(ids))]))
+        while self.held_tokens() > self.max_tokens and len(self.entries) > 1:
             self.entries.pop(0)
+
+    def held_tokens(self) -> int:
+        """Tokens whose keys/values are held (each stored piece once, however many prompts share it)."""
+        pieces = {id(p[0]): p for e in self.entries for p in e.pieces}
+        return sum(end - start for _, start, end in pieces.values())
+
+
+@dataclass
+class _Entry:
+    ids: list[int]
+    pieces: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int]]
+    """(per-layer keys/values of tokens [start, end), start, end), covering [0, len(ids)) in order."""
+
+    def pieces_upto(self, n: int) -> list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int]]:
+        return [(kv, start, min(end, n)) for kv, start, end in self.pieces if start < n]
+
+    def keys_values(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        parts = self.pieces_upto(n)
+        if len(parts) == 1:
+            kv, start, end = parts[0]
+            return [(k[:, :, : end - start], v[:, :, : end - start]) for k, v in kv]
+        return [(torch.cat([kv[layer][0][:, :, : end - start] for kv, start, end in parts], dim=2),
+                 torch.cat([kv[layer][1][:, :, : end - start] for kv, start, end in parts], dim=2))
+                for layer in range(len(parts[0][0]))]
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -382,17 +426,16 @@ class _DecodeBatch:
     row does not own (its left padding, and the gap when a longer prompt joined later). Position ids
     are per row, so a row's positions do not depend on where its columns are. Rows leave by
     swapping the last row into their slot (one row copied). Models with other cache layers than plain
-    full attention (sliding windows) keep the library's cache objects and only take new rows when the
-    batch is empty.
+    full attention (sliding windows) decode one row at a time with the library's cache object.
     """
 
     compact_from = 256
     """Leading columns no live row uses are dropped once there are this many and they are half the buffer."""
 
-    def __init__(self, model: Any, cache_kw: str, device: torch.device) -> None:
+    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int) -> None:
         from transformers import DynamicCache
 
-        self.model, self.cache_kw, self.device = model, cache_kw, device
+        self.model, self.cache_kw, self.device, self.max_rows = model, cache_kw, device, max_rows
         self.cache = DynamicCache(config=model.config)
         layers = getattr(self.cache, "layers", None)
         self.joinable = bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
@@ -402,29 +445,32 @@ class _DecodeBatch:
         self.rows = 0  # live rows: slots [0, rows)
         self.seen = 0  # columns in use; the next token of every row goes to column `seen`
         self.starts: list[int] = []  # first column of each row's prompt
+        self.wanted = (0, 0)  # rows x columns `place` needs (set by `make_room`)
 
     # -- membership
 
-    def admit(self, prompts: list[list[tuple[torch.Tensor, torch.Tensor]]], new_tokens: list[int],
-              remaining: list[int]) -> None:
-        """Add prefilled rows (per-layer (1, kv, n, d) keys/values) with room for their new tokens."""
-        lengths = [kv[0][0].shape[2] for kv in prompts]
-        if not self.joinable:
-            return self._start_plain(prompts, lengths)
-        old = self.rows
+    def make_room(self, lengths: list[int], new_tokens: list[int], remaining: list[int]) -> None:
+        """Get ready for rows with prompts of `lengths` (`place` adds them one by one, so the prefilled
+        keys/values of a whole group of arrivals never sit in memory next to the batch at once)."""
         seen = max([self.seen, *lengths])
-        columns = seen + max([*new_tokens, *remaining])
-        self._reserve(old + len(prompts), columns, like=prompts[0])
-        self.mask[:old, self.seen:seen] = 0  # existing rows skip the columns of a longer new prompt
-        for i, (kv, n) in enumerate(zip(prompts, lengths)):
-            slot = old + i
-            self.mask[slot] = 0
-            self.mask[slot, seen - n:seen] = 1
-            for layer, (keys, values) in enumerate(kv):
-                self.keys[layer][slot, :, seen - n:seen] = keys[0]
-                self.values[layer][slot, :, seen - n:seen] = values[0]
-            self.starts.append(seen - n)
-        self.rows, self.seen = old + len(prompts), seen
+        self.wanted = (self.rows + len(lengths), seen + max([*new_tokens, *remaining]))
+        if self.keys:
+            self._reserve(*self.wanted)
+            self.mask[: self.rows, self.seen:seen] = 0  # existing rows skip the columns of a longer new prompt
+        self.seen = seen
+        self._bind()
+
+    def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Add one prefilled row (per-layer (1, kv heads, n, head dim)), right-aligned before `seen`."""
+        self._reserve(*self.wanted, like=kv)
+        slot, n, seen = self.rows, kv[0][0].shape[2], self.seen
+        self.mask[slot] = 0
+        self.mask[slot, seen - n:seen] = 1
+        for layer, (keys, values) in enumerate(kv):
+            self.keys[layer][slot, :, seen - n:seen] = keys[0]
+            self.values[layer][slot, :, seen - n:seen] = values[0]
+        self.starts.append(seen - n)
+        self.rows += 1
         self._bind()
 
     def remove(self, slot: int) -> None:
@@ -440,13 +486,8 @@ class _DecodeBatch:
             self.rows = last
             self._compact()
             self._bind()
-        else:
-            order = torch.tensor([*range(slot), *([last] if slot != last else []), *range(slot + 1, last)],
-                                 dtype=torch.long, device=self.device)
-            for layer in self.cache.layers:
-                layer.batch_select_indices(order)
-            self.mask = self.mask[order]
-            self.rows = last
+        else:  # the one row of a library cache (`start_alone`)
+            self.rows = 0
 
     # -- one step
 
@@ -475,11 +516,15 @@ class _DecodeBatch:
         have_rows, have_cols = self.mask.shape
         if rows <= have_rows and columns <= have_cols:
             return
-        rows = max(rows, min(2 * have_rows, rows + 16))
+        rows = max(rows, min(2 * have_rows, self.max_rows))  # rows join one by one: grow by doubling
         columns = max(columns, have_cols + have_cols // 4) if columns > have_cols else have_cols
+        used = min(self.seen, have_cols)
         mask = self.mask.new_zeros((rows, columns))
-        mask[: self.rows, : self.seen] = self.mask[: self.rows, : self.seen]
+        mask[: self.rows, :used] = self.mask[: self.rows, :used]
         self.mask = mask
+        for layer in getattr(self.cache, "layers", []):  # views of the old buffers: let each go once copied
+            if hasattr(layer, "bind"):
+                layer.keys = layer.values = layer.key_buf = layer.value_buf = None
         if not self.keys:
             for keys, values in like or []:
                 self.keys.append(keys.new_zeros((rows, keys.shape[1], columns, keys.shape[3])))
@@ -488,7 +533,7 @@ class _DecodeBatch:
         for bufs in (self.keys, self.values):
             for layer, old in enumerate(bufs):
                 new = old.new_zeros((rows, old.shape[1], columns, old.shape[3]))
-                new[: self.rows, :, : self.seen] = old[: self.rows, :, : self.seen]
+                new[: self.rows, :, :used] = old[: self.rows, :, :used]
                 bufs[layer] = new
 
     def _compact(self) -> None:
@@ -516,19 +561,11 @@ class _DecodeBatch:
                 layer = self.cache.layers[index] = layer_type()
             layer.bind(keys, values, self.rows, self.seen)
 
-    def _start_plain(self, prompts: list[list[tuple[torch.Tensor, torch.Tensor]]], lengths: list[int]) -> None:
-        from transformers import DynamicCache
-
-        width = max(lengths)
-        self.cache = DynamicCache(config=self.model.config)
-        for layer in range(len(prompts[0])):
-            keys = torch.cat([F.pad(kv[layer][0], (0, 0, width - n, 0)) for kv, n in zip(prompts, lengths)])
-            values = torch.cat([F.pad(kv[layer][1], (0, 0, width - n, 0)) for kv, n in zip(prompts, lengths)])
-            self.cache.update(keys, values, layer)
-        self.mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
-        for row, n in enumerate(lengths):
-            self.mask[row, width - n:] = 1
-        self.rows, self.seen = len(prompts), width
+    def start_alone(self, cache: Any, length: int) -> None:
+        """One row with the library's own cache object (models whose layers are not all plain)."""
+        self.cache = cache
+        self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+        self.rows, self.seen = 1, length
 
 
 @functools.cache

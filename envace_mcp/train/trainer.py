@@ -426,11 +426,12 @@ class OnlineGRPO(OfflineGRPO):
             return [t for group in runs for t in group]
 
         traces = anyio.run(collect)  # train_step is synchronous; rollouts run on their own event loop
+        backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
+        # the update changes the weights, so cached keys/values are stale; freed now, not after the
+        # update, so the update's activations never sit next to them (peak memory)
+        backend.prefix_cache = PrefixCache(backend.prefix_cache.max_tokens)
         self.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
             store.append(trace)
-        record = self.update(self.trainable_groups(traces))
-        backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
-        backend.prefix_cache = PrefixCache(backend.prefix_cache.max_tokens)  # weights changed: cached keys are stale
-        return record
+        return self.update(self.trainable_groups(traces))

@@ -253,3 +253,49 @@ def test_jobs_that_arrive_mid_decode_join_the_batch_and_decode_as_if_alone(polic
         assert max(abs(a - b) for a, b in zip(got[name].logprobs, alone.logprobs)) < 1e-4
         fresh = policy.score(j.prompt_ids, got[name].completion_ids, temperature=0.9)
         assert max(abs(a - b) for a, b in zip(fresh, got[name].logprobs)) < 1e-4
+
+
+async def test_prompts_sharing_a_prefix_hold_its_keys_and_values_once(tiny_qwen3_dir, bank_catalog):
+    policy = load_policy(str(tiny_qwen3_dir))
+    call = ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"})
+    gens = []
+    for i in range(4):  # one task's rehearsals: system prompt and tools shared, the history differs
+        request = RehearseRequest(call=call, tool=bank_catalog[1], allowed=bank_catalog,
+                                  history=[HumanMessage(content=f"run {i}: " + "what is my balance? " * (i + 1))])
+        gens.append(await policy.rehearse(request, SHORT))
+    cache = policy.prefix_cache
+    stored = sum(len(e.ids) for e in cache.entries)
+    assert len(cache.entries) == 4 and cache.held_tokens() < 0.5 * stored
+    # every stored prompt still gives back exactly its own keys/values
+    for gen in gens:
+        reused, kv, _ = cache.lookup(gen.prompt_ids + [0])
+        assert reused == len(gen.prompt_ids)
+        fresh = policy.model(input_ids=torch.tensor([gen.prompt_ids]), use_cache=True).past_key_values
+        for layer, (keys, values) in enumerate(kv):
+            assert torch.allclose(keys, fresh.layers[layer].keys, atol=1e-5)
+            assert torch.allclose(values, fresh.layers[layer].values, atol=1e-5)
+
+
+def test_a_sliding_window_model_decodes_batches_through_the_library_cache(tiny_qwen3_dir, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.policy.transformers_backend import _DecodeBatch, _Job
+
+    config = AutoConfig.from_pretrained(tiny_qwen3_dir)
+    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 16, 1
+    config.layer_types = None  # re-derived from the switches above
+    config = type(config)(**config.to_dict())
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "sliding")
+    AutoTokenizer.from_pretrained(tiny_qwen3_dir).save_pretrained(tmp_path / "sliding")
+    policy = load_policy(str(tmp_path / "sliding"))
+    assert not _DecodeBatch(policy.model, policy._cache_kw, torch.device("cpu"), 4).joinable
+    jobs = [_Job(policy.encode(policy.render([{"role": "user", "content": "word " * (5 * i + 1)}], None)),
+                 SamplingParams(max_new_tokens=20 - 4 * i, temperature=0.9), seed=i) for i in range(3)]
+    together = policy.generate_batch(jobs)
+    assert min(len(j.prompt_ids) for j in jobs) > 16  # past the window
+    for job, got in zip(jobs, together):
+        alone = policy.generate_batch([job])[0]
+        assert got.completion_ids == alone.completion_ids
+        fresh = policy.score(job.prompt_ids, got.completion_ids, temperature=0.9)
+        assert max(abs(a - b) for a, b in zip(fresh, got.logprobs)) < 1e-4
