@@ -7,6 +7,7 @@ import json
 import random
 import sys
 
+import anyio
 import jsonschema
 import pytest
 from helpers import PROBE
@@ -152,3 +153,38 @@ async def test_prompt_injected_tool_output_cannot_change_the_gate():
     assert decisions["explode"] == "block"
     assert not any(c["tool"] == "explode" for c in server.calls)  # never reached the server
     assert gate == GateConfig(rehearse="writes")
+
+
+@pytest.mark.parametrize("transport", ["in-process", "stdio"])
+async def test_a_hung_tool_mid_run_times_out_the_run_goes_on_and_the_trace_says_so(transport, tmp_path):
+    act, seen = _act_then_answer([("hang", {}), ("echo", {"text": "after"})])
+    server = build() if transport == "in-process" else {"command": sys.executable, "args": [PROBE]}
+    store = TraceStore(tmp_path)
+    async with Toolbox({"probe": server}, timeout=0.5) as toolbox:
+        with anyio.fail_after(30):
+            state, trace = await _run(toolbox, act, store=store)
+    assert state["final_answer"] == "done"
+    hung, after = [s for s in trace.steps if s.role == "tool"]
+    assert hung.tool == "hang" and hung.result["error_kind"] == "timeout"
+    assert after.tool == "echo" and not after.result["is_error"]
+    assert "timed out" in str(seen[1].messages[-1].content)  # the model was told
+    assert len(list(store.read())) == 1
+
+
+async def test_a_slow_tool_does_not_hold_up_other_runs_on_the_same_server():
+    """Calls share one session per server but do not queue behind each other: a 3 s tool in one run,
+    ten quick calls in nine other runs, all on one stdio server."""
+    finished: list[str] = []
+
+    async def one(toolbox, calls, name):
+        await _run(toolbox, _act_then_answer(calls)[0])
+        finished.append(name)
+
+    async with Toolbox({"probe": {"command": sys.executable, "args": [PROBE]}}) as toolbox:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, toolbox, [("hang", {"seconds": 3})], "slow")
+                await anyio.sleep(0.2)  # the slow call is in flight
+                for i in range(9):
+                    tg.start_soon(one, toolbox, [("echo", {"text": f"r{i}"})] * 10, f"quick{i}")
+    assert finished[-1] == "slow" and len(finished) == 10
