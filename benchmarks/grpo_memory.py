@@ -1,0 +1,92 @@
+"""Peak memory (RSS) of online GRPO on the embedded model, by phase: loading, rollouts, update.
+
+What `envace train grpo --suite bank --k 4` does for `--steps` steps (4 groups of 4 simulated runs per
+step, fp32, LoRA, gradient checkpointing), with a sampler thread reading this process's RSS every
+50 ms. The baseline is the model's own weights (what any trainer holds at least).
+
+    python benchmarks/grpo_memory.py [--steps 2] [--max-new-tokens 96] [--prefix-cache-tokens 32768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+
+import psutil
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.phase = "load"
+        self.peaks: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            rss = self.process.memory_info().rss
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+            time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--prefix-cache-tokens", type=int, default=32768)
+    ns = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sampler = Sampler()
+
+    import anyio
+
+    from envace_mcp.eval import get_suite
+    from envace_mcp.policy import SamplingParams
+    from envace_mcp.toolbox import Toolbox
+    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+
+    suite = get_suite("bank")
+
+    async def catalog():
+        async with Toolbox({suite.name: suite.build_server()}) as toolbox:
+            return list(toolbox.catalog)
+
+    params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=1.0)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = OnlineGRPO(GRPOConfig(steps=ns.steps, groups_per_step=4, checkpoint_every=ns.steps), suite, out, k=4,
+                             tools=anyio.run(catalog), sampling={"act": params, "rehearse": params})
+        trainer.policy.prefix_cache.max_tokens = ns.prefix_cache_tokens
+        weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+        update = trainer.update
+
+        def phased_update(groups):
+            sampler.phase = "update"
+            try:
+                return update(groups)
+            finally:
+                sampler.phase = "rollouts"
+
+        trainer.update = phased_update
+        sampler.phase = "rollouts"
+        start = time.perf_counter()
+        trainer.run()
+        wall = time.perf_counter() - start
+    sampler.stop.set()
+    sampler.thread.join()
+    gb = 1024**3
+    print(f"online GRPO, embedded SmolLM2-135M fp32 + LoRA, {ns.steps} steps x 16 simulated runs, "
+          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {ns.prefix_cache_tokens} tokens ({wall:.0f} s)")
+    print(f"  model weights (baseline): {weights / gb:.2f} GB")
+    for phase in ("load", "rollouts", "update"):
+        if phase in sampler.peaks:
+            print(f"  peak RSS, {phase:9s}: {sampler.peaks[phase] / gb:.2f} GB  ({sampler.peaks[phase] / weights:.1f}x the weights)")
+    print(f"  peak RSS overall  : {max(sampler.peaks.values()) / gb:.2f} GB (goal <= 4 GB)")
+
+
+if __name__ == "__main__":
+    main()
