@@ -96,6 +96,9 @@ class TransformersPolicy(PromptPolicy):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers 5.2x renamed `past_key_values` to `cache`; accept both generations of the API
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        self.plain_cache = _plain_layers(model.config)
+        """Every cache layer is plain full attention: rows can join a running batch and prompts can
+        share a prefix (a sliding-window layer keeps only its window)."""
         self.decode_attention = use_for_decoding(model)
         """Whether one-token steps use the packed grouped-query attention (CPU models on `sdpa`)."""
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
@@ -198,7 +201,7 @@ class TransformersPolicy(PromptPolicy):
         # Each prompt is prefilled alone (no padding waste, shared prefixes from the prefix cache),
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
-        batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows)
+        batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows, joinable=self.plain_cache)
         if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
             max_rows = 1
         rows: list[_Row] = []
@@ -262,8 +265,7 @@ class TransformersPolicy(PromptPolicy):
         if not prompt_ids:
             raise UserError("cannot generate from an empty prompt")
         cache = DynamicCache(config=self.model.config)
-        plain = all(type(layer).__name__ == "DynamicLayer" for layer in getattr(cache, "layers", [None]))
-        # (a sliding-window layer keeps only its window: nothing to reuse as a prompt prefix)
+        plain = self.plain_cache  # (a sliding-window layer keeps only its window: no prefix to reuse)
         reused, kv, source = self.prefix_cache.lookup(prompt_ids) if plain else (0, [], None)
         for layer, (keys, values) in enumerate(kv):
             cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
@@ -432,13 +434,12 @@ class _DecodeBatch:
     compact_from = 256
     """Leading columns no live row uses are dropped once there are this many and they are half the buffer."""
 
-    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int) -> None:
+    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool) -> None:
         from transformers import DynamicCache
 
         self.model, self.cache_kw, self.device, self.max_rows = model, cache_kw, device, max_rows
         self.cache = DynamicCache(config=model.config)
-        layers = getattr(self.cache, "layers", None)
-        self.joinable = bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+        self.joinable = joinable  # `_plain_layers(model.config)`
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
@@ -566,6 +567,14 @@ class _DecodeBatch:
         self.cache = cache
         self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
         self.rows, self.seen = 1, length
+
+
+def _plain_layers(config: Any) -> bool:
+    """Whether every layer of the model's cache is the library's plain full-attention `DynamicLayer`."""
+    from transformers import DynamicCache
+
+    layers = getattr(DynamicCache(config=config), "layers", None)  # older caches have no layer objects
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
 
 
 @functools.cache

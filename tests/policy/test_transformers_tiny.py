@@ -279,7 +279,7 @@ async def test_prompts_sharing_a_prefix_hold_its_keys_and_values_once(tiny_qwen3
 def test_a_sliding_window_model_decodes_batches_through_the_library_cache(tiny_qwen3_dir, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from envace_mcp.policy.transformers_backend import _DecodeBatch, _Job
+    from envace_mcp.policy.transformers_backend import _Job
 
     config = AutoConfig.from_pretrained(tiny_qwen3_dir)
     config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 16, 1
@@ -289,7 +289,7 @@ def test_a_sliding_window_model_decodes_batches_through_the_library_cache(tiny_q
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "sliding")
     AutoTokenizer.from_pretrained(tiny_qwen3_dir).save_pretrained(tmp_path / "sliding")
     policy = load_policy(str(tmp_path / "sliding"))
-    assert not _DecodeBatch(policy.model, policy._cache_kw, torch.device("cpu"), 4).joinable
+    assert not policy.plain_cache
     jobs = [_Job(policy.encode(policy.render([{"role": "user", "content": "word " * (5 * i + 1)}], None)),
                  SamplingParams(max_new_tokens=20 - 4 * i, temperature=0.9), seed=i) for i in range(3)]
     together = policy.generate_batch(jobs)
