@@ -299,3 +299,26 @@ def test_a_sliding_window_model_decodes_batches_through_the_library_cache(tiny_q
         assert got.completion_ids == alone.completion_ids
         fresh = policy.score(job.prompt_ids, got.completion_ids, temperature=0.9)
         assert max(abs(a - b) for a, b in zip(fresh, got.logprobs)) < 1e-4
+
+
+async def test_a_job_that_cannot_be_generated_fails_alone_and_its_batch_mates_finish(policy):
+    from envace_mcp.errors import UserError
+    from envace_mcp.policy.transformers_backend import _Job
+
+    good = [_Job(policy.encode(policy.render([{"role": "user", "content": f"hello {i}"}], None)),
+                 SamplingParams(max_new_tokens=5, temperature=0.9), seed=i) for i in range(2)]
+    outcomes = {}
+
+    async def one(name, job):
+        try:
+            outcomes[name] = await policy.batcher.submit(job)
+        except UserError as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "a", good[0])
+        tg.start_soon(one, "empty", _Job([], SamplingParams(max_new_tokens=5), seed=9))
+        tg.start_soon(one, "b", good[1])
+    assert isinstance(outcomes["empty"], UserError) and "empty prompt" in str(outcomes["empty"])
+    for name, job in (("a", good[0]), ("b", good[1])):
+        assert outcomes[name].completion_ids == policy.generate_batch([job])[0].completion_ids
