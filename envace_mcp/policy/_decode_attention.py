@@ -7,6 +7,13 @@ transformers itself does when a mask is present) takes 0.18 ms — a third of a 
 step for the embedded model. This module registers an attention function that packs in every
 one-token CPU case and hands every other call (prefill, training, GPUs) to transformers' own `sdpa`.
 The kernel and its float32 accumulation are PyTorch's, as before: only the layout changes.
+
+A decode batch whose rows start with the same prompt prefix (GRPO rollouts: each role's system prompt
+and tool schemas, ~1,400 tokens) keeps that prefix's keys/values once (`SharedPrefixes`, one per group
+of rows) instead of once per row, and passes them to the model as the keyword `envace_prefix`: a
+group's queries attend to its prefix in one block (read once per step instead of once per row), each
+row to its own columns in another, and the two partial softmaxes are merged by their log-sum-exps —
+the same attention, computed in two parts.
 """
 
 from __future__ import annotations
@@ -26,17 +33,93 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     """transformers' attention-function signature; query (B, H, Q, D), key/value (B, KV, L, D) -> (B, Q, H, D)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    prefix: SharedPrefixes | None = kwargs.pop(PREFIX_KW, None)
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     if (q_len != 1 or query.device.type != "cpu" or dropout or heads % kv_heads
             or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
             or getattr(module, "sinks", None) is not None
             or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1))):
+        if prefix:  # not a case the split handles: prefixes go in front of their rows
+            key, value, attention_mask = prefix.prepend(module.layer_idx, key, value, attention_mask)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, KV, H/KV, D): one block per KV head
+    if prefix and _FLASH is not None:
+        return prefix.attend(module.layer_idx, grouped, key, value, attention_mask, scaling), None
+    if prefix:  # pragma: no cover - a PyTorch without the CPU flash kernel
+        key, value, attention_mask = prefix.prepend(module.layer_idx, key, value, attention_mask)
     out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(batch, 1, heads, dim), None                    # heads in repeat_kv's order
+
+
+PREFIX_KW = "envace_prefix"
+"""Keyword a decode step passes its `SharedPrefixes` under (transformers hands model keywords down to
+the attention function)."""
+
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp a split softmax needs."""
+
+
+class SharedPrefixes:
+    """Keys/values of prompt prefixes that groups of a decode batch's rows start with, each held once.
+
+    `groups`: (rows, layers) pairs: `rows` the batch slots (a long tensor) whose prompts start with the
+    prefix, `layers[i]` layer i's (keys, values), each (1, kv heads, prefix length, head dim) at
+    positions 0..length-1; a row's own columns (its cache) hold what follows. Rows in no group hold
+    their whole prompt."""
+
+    def __init__(self, groups: list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]]) -> None:
+        self.groups = groups
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def attend(self, layer: int, grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+        """One decode step's attention over prefix + own columns. grouped (B, KV, G, D) queries, key/value
+        (B, KV, L, D) own columns, mask (B, 1, 1, L) bool or additive or None -> (B, 1, KV*G, D)."""
+        batch, kv_heads, group, dim = grouped.shape
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=grouped.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        own, own_lse = _FLASH(grouped, key, value, attn_mask=mask, scale=scale)[:2]  # (B, KV, G, D), (B, KV, G)
+        shared = torch.zeros_like(own)
+        shared_lse = torch.full_like(own_lse, float("-inf"))  # rows in no group: weight 0 below
+        for rows, layers in self.groups:
+            pk, pv = layers[layer]
+            n = rows.numel()
+            # the group's queries together against its one prefix: (1, KV, n*G, D) -- read once
+            together = grouped.index_select(0, rows).transpose(0, 1).reshape(1, kv_heads, n * group, dim)
+            out, lse = _FLASH(together, pk, pv, scale=scale)[:2]
+            shared.index_copy_(0, rows, out.view(kv_heads, n, group, dim).transpose(0, 1))
+            shared_lse.index_copy_(0, rows, lse.view(kv_heads, n, group).transpose(0, 1))
+        # softmax over both parts = each part's softmax weighted by its share of the total exp-sum
+        weight = torch.sigmoid(shared_lse - own_lse).unsqueeze(-1)  # float32
+        out = shared.float() * weight + own.float() * (1 - weight)
+        return out.to(grouped.dtype).reshape(batch, 1, kv_heads * group, dim)
+
+    def prepend(self, layer: int, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys/values and a (B, 1, Q, P+L) mask with every row's prefix put before its own columns
+        (right-aligned; shorter prefixes are masked padding)."""
+        batch, kv_heads, own, dim = key.shape
+        width = max(layers[layer][0].shape[2] for _, layers in self.groups)
+        keys = key.new_zeros((batch, kv_heads, width + own, dim))
+        values = value.new_zeros((batch, kv_heads, width + own, dim))
+        keys[:, :, width:], values[:, :, width:] = key, value
+        seen = torch.zeros((batch, 1, 1, width), dtype=torch.bool, device=key.device)
+        for rows, layers in self.groups:
+            pk, pv = layers[layer]
+            n = pk.shape[2]
+            keys[rows, :, width - n : width] = pk.expand(rows.numel(), -1, -1, -1)
+            values[rows, :, width - n : width] = pv.expand(rows.numel(), -1, -1, -1)
+            seen[rows, :, :, width - n :] = True
+        if mask is None:
+            mask = torch.ones((batch, 1, 1, own), dtype=torch.bool, device=key.device)
+        if mask.dtype != torch.bool:
+            mask = mask == 0
+        mask = mask.expand(batch, 1, mask.shape[2], own)
+        return keys, values, torch.cat([seen.expand(batch, 1, mask.shape[2], width), mask], dim=-1)
 
 
 @functools.cache

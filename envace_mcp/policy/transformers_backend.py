@@ -31,7 +31,7 @@ import torch
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy._batching import Batcher, ListFeed
-from envace_mcp.policy._decode_attention import use_for_decoding
+from envace_mcp.policy._decode_attention import PREFIX_KW, SharedPrefixes, use_for_decoding
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, plain_chat
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
@@ -101,9 +101,15 @@ class TransformersPolicy(PromptPolicy):
         share a prefix (a sliding-window layer keeps only its window)."""
         self.decode_attention = use_for_decoding(model)
         """Whether one-token steps use the packed grouped-query attention (CPU models on `sdpa`)."""
+        self.share_prefix = True
+        """With `decode_attention`: a decode batch holds the prompt prefix its rows share once (see
+        `_DecodeBatch`); False gives every row its own copy (for comparisons)."""
+        _dense_head_input(model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
-        self.prefill_stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0}
-        """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent."""
+        self.prefill_stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
+                                                "decode_steps": 0, "decode_rows": 0}
+        """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent,
+        decode steps (forward passes) and the rows they fed (rows / steps: the mean batch)."""
         self.batcher: Batcher[_Job, RawCompletion] = Batcher(self.generate_batch, max_batch=max_batch_size,
                                                              window_s=batch_window_s, stream=self.stream)
 
@@ -201,7 +207,8 @@ class TransformersPolicy(PromptPolicy):
         # Each prompt is prefilled alone (no padding waste, shared prefixes from the prefix cache),
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
-        batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows, joinable=self.plain_cache)
+        batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows, joinable=self.plain_cache,
+                             shared_prefix=self.decode_attention and self.share_prefix)
         if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
             max_rows = 1
         rows: list[_Row] = []
@@ -211,10 +218,12 @@ class TransformersPolicy(PromptPolicy):
             took = []
             if len(rows) < max_rows and (batch.joinable or not rows):
                 took = feed.take(max_rows - len(rows))
+            plans = [None] * len(took)
             if took and batch.joinable:  # room for all first, then each prompt's keys/values go straight in
-                batch.make_room([len(job.prompt_ids) for job, _ in took],
-                                [job.sampling.max_new_tokens for job, _ in took], [row.remaining() for row in rows])
-            for job, ticket in took:
+                plans = batch.make_room([job.prompt_ids for job, _ in took],
+                                        [job.sampling.max_new_tokens for job, _ in took],
+                                        [row.remaining() for row in rows])
+            for (job, ticket), group in zip(took, plans):
                 try:
                     kv, logits, cache = self._prefill(job.prompt_ids, device)
                 except Exception as exc:  # this job fails; the others go on
@@ -222,7 +231,7 @@ class TransformersPolicy(PromptPolicy):
                     continue
                 rows.append(_Row(job, ticket, torch.Generator(device="cpu").manual_seed(job.seed), logits))
                 if batch.joinable:
-                    batch.place(kv)
+                    batch.place(kv, group)
                 else:
                     batch.start_alone(cache, len(job.prompt_ids))
             decode_started = time.perf_counter()
@@ -250,6 +259,8 @@ class TransformersPolicy(PromptPolicy):
                     rows.pop()
             if rows:
                 logits = batch.step([row.tokens[-1] for row in rows], [row.position() for row in rows])
+                self.prefill_stats["decode_steps"] += 1
+                self.prefill_stats["decode_rows"] += len(rows)
                 for row, row_logits in zip(rows, logits):
                     row.logits = row_logits
             self.prefill_stats["decode_s"] += time.perf_counter() - decode_started
@@ -429,12 +440,24 @@ class _DecodeBatch:
     are per row, so a row's positions do not depend on where its columns are. Rows leave by
     swapping the last row into their slot (one row copied). Models with other cache layers than plain
     full attention (sliding windows) decode one row at a time with the library's cache object.
+
+    With `shared_prefix` (CPU models on the packed decode attention), rows whose prompts start alike
+    form groups (`_PrefixGroup`): a group's common prefix is kept once (positions 0..P-1) and its rows'
+    columns hold only what follows, so a step reads the prefix once instead of once per row (GRPO
+    rollouts: the act rows share the act system prompt and tool schemas, the rehearse rows theirs —
+    most of each prompt). A row joins the group it shares most with; sharing less than the group's
+    prefix shortens it (the tail is copied into the group's rows' columns first); sharing too little
+    starts a new group, or none.
     """
 
     compact_from = 256
     """Leading columns no live row uses are dropped once there are this many and they are half the buffer."""
+    min_shared = 64
+    """A prefix shorter than this is not worth a group (two attention calls instead of one)."""
+    max_groups = 4
 
-    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool) -> None:
+    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
+                 shared_prefix: bool = False) -> None:
         from transformers import DynamicCache
 
         self.model, self.cache_kw, self.device, self.max_rows = model, cache_kw, device, max_rows
@@ -447,12 +470,18 @@ class _DecodeBatch:
         self.seen = 0  # columns in use; the next token of every row goes to column `seen`
         self.starts: list[int] = []  # first column of each row's prompt
         self.wanted = (0, 0)  # rows x columns `place` needs (set by `make_room`)
+        self.shared_prefix = shared_prefix and joinable
+        self.groups: list[_PrefixGroup] = []
+        self.row_groups: list[_PrefixGroup | None] = []  # each row's group (None: its columns hold its whole prompt)
 
     # -- membership
 
-    def make_room(self, lengths: list[int], new_tokens: list[int], remaining: list[int]) -> None:
-        """Get ready for rows with prompts of `lengths` (`place` adds them one by one, so the prefilled
-        keys/values of a whole group of arrivals never sit in memory next to the batch at once)."""
+    def make_room(self, prompts: list[list[int]], new_tokens: list[int], remaining: list[int]) -> list[_PrefixGroup | None]:
+        """Get ready for rows with `prompts` (`place` adds them one by one, so the prefilled keys/values
+        of a whole group of arrivals never sit in memory next to the batch at once); returns the prefix
+        group of each, for `place`."""
+        plans = [self._group_for(ids) for ids in prompts] if self.shared_prefix else [None] * len(prompts)
+        lengths = [len(ids) - (len(group.ids) if group else 0) for ids, group in zip(prompts, plans)]
         seen = max([self.seen, *lengths])
         self.wanted = (self.rows + len(lengths), seen + max([*new_tokens, *remaining]))
         if self.keys:
@@ -460,9 +489,16 @@ class _DecodeBatch:
             self.mask[: self.rows, self.seen:seen] = 0  # existing rows skip the columns of a longer new prompt
         self.seen = seen
         self._bind()
+        return plans
 
-    def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Add one prefilled row (per-layer (1, kv heads, n, head dim)), right-aligned before `seen`."""
+    def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], group: _PrefixGroup | None = None) -> None:
+        """Add one prefilled row (per-layer (1, kv heads, n, head dim)) right-aligned before `seen`; with
+        its prefix `group` (from `make_room`) only the tokens after the group's prefix go in."""
+        if group is not None:
+            shared = len(group.ids)
+            if not group.layers:  # copied: the row's own tensors hold its whole prompt
+                group.layers = [(k[:, :, :shared].clone(), v[:, :, :shared].clone()) for k, v in kv]
+            kv = [(k[:, :, shared:], v[:, :, shared:]) for k, v in kv]
         self._reserve(*self.wanted, like=kv)
         slot, n, seen = self.rows, kv[0][0].shape[2], self.seen
         self.mask[slot] = 0
@@ -471,6 +507,7 @@ class _DecodeBatch:
             self.keys[layer][slot, :, seen - n:seen] = keys[0]
             self.values[layer][slot, :, seen - n:seen] = values[0]
         self.starts.append(seen - n)
+        self.row_groups.append(group)
         self.rows += 1
         self._bind()
 
@@ -483,7 +520,12 @@ class _DecodeBatch:
                     buf[slot, :, : self.seen] = buf[last, :, : self.seen]
                 self.mask[slot, : self.seen] = self.mask[last, : self.seen]
                 self.starts[slot] = self.starts[last]
+            gone = self.row_groups[slot]
+            self.row_groups[slot] = self.row_groups[last]
             self.starts.pop()
+            self.row_groups.pop()
+            if gone is not None and all(group is not gone for group in self.row_groups):
+                self.groups.remove(gone)
             self.rows = last
             self._compact()
             self._bind()
@@ -502,8 +544,9 @@ class _DecodeBatch:
         self.mask[: self.rows, self.seen] = 1
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)[:, None]
+        shared = {PREFIX_KW: self._prefixes()} if self.groups else {}
         out = self.model(input_ids=ids, attention_mask=self.mask[: self.rows, : self.seen + 1], position_ids=pos,
-                         use_cache=True, **{self.cache_kw: self.cache})
+                         use_cache=True, **{self.cache_kw: self.cache}, **shared)
         self.seen += 1
         if self.joinable:
             self._bind()
@@ -537,10 +580,65 @@ class _DecodeBatch:
                 new[: self.rows, :, :used] = old[: self.rows, :, :used]
                 bufs[layer] = new
 
+    def _group_for(self, ids: list[int]) -> _PrefixGroup | None:
+        """The group a prompt joins (shortened to what they share), a new group, or None."""
+        best, share = None, 0
+        for group in self.groups:
+            n = _common_prefix(group.ids, ids, limit=len(ids) - 1)  # the row keeps one token of its own
+            if n > share:
+                best, share = group, n
+        full = len(self.groups) >= self.max_groups
+        if best is not None and share >= self.min_shared and (2 * share >= len(best.ids) or full):
+            if share < len(best.ids):
+                self._shorten(best, share)
+            return best
+        if full or len(ids) - 1 < self.min_shared:
+            return None
+        group = _PrefixGroup(list(ids[:-1]))
+        self.groups.append(group)
+        return group
+
+    def _shorten(self, group: _PrefixGroup, n: int) -> None:
+        """Make `group` share only its first `n` tokens: the rest go into its rows' columns, before their
+        own (the buffers grow on the left when one of them has no free columns there)."""
+        cut = len(group.ids) - n
+        members = [slot for slot, g in enumerate(self.row_groups) if g is group]
+        if members:
+            short = min(self.starts[slot] for slot in members)
+            if short < cut:  # shift every row right by the missing columns
+                extra = cut - short
+                self._reserve(self.rows, self.seen + extra + 64)
+                for buf in (*self.keys, *self.values):
+                    buf[: self.rows, :, extra : extra + self.seen] = buf[: self.rows, :, : self.seen].clone()
+                    buf[: self.rows, :, :extra] = 0
+                self.mask[: self.rows, extra : extra + self.seen] = self.mask[: self.rows, : self.seen].clone()
+                self.mask[: self.rows, :extra] = 0
+                self.seen += extra
+                self.starts = [s + extra for s in self.starts]
+            for layer, (keys, values) in enumerate(group.layers):
+                for slot in members:
+                    start = self.starts[slot]
+                    self.keys[layer][slot, :, start - cut : start] = keys[0, :, n:]
+                    self.values[layer][slot, :, start - cut : start] = values[0, :, n:]
+            for slot in members:
+                self.mask[slot, self.starts[slot] - cut : self.starts[slot]] = 1
+                self.starts[slot] -= cut
+            self._bind()
+        group.ids = group.ids[:n]
+        group.layers = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in group.layers]
+
+    def _prefixes(self) -> SharedPrefixes:
+        members: dict[int, tuple[_PrefixGroup, list[int]]] = {}
+        for slot, group in enumerate(self.row_groups):
+            if group is not None:
+                members.setdefault(id(group), (group, []))[1].append(slot)
+        return SharedPrefixes([(torch.tensor(slots, device=self.device), group.layers)
+                               for group, slots in members.values()])
+
     def _compact(self) -> None:
         """Drop leading columns no live row uses once they are most of the buffer (keeps steps cheap)."""
         if not self.rows:
-            self.seen, self.starts = 0, []
+            self.seen, self.starts, self.groups, self.row_groups = 0, [], [], []
             self.mask.zero_()
             return
         cut = min(self.starts)
@@ -567,6 +665,39 @@ class _DecodeBatch:
         self.cache = cache
         self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
         self.rows, self.seen = 1, length
+
+
+@dataclass(eq=False)
+class _PrefixGroup:
+    """A prompt prefix some rows of a decode batch start with; its keys/values are held once."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # from its first row placed
+
+
+def _dense_head_input(model: Any) -> None:
+    """Give the output layer inputs with plain strides. Prefill asks for the last position's logits
+    only, and the LM head then gets a (1, 1, hidden) view of (1, n, hidden) states; for such a view
+    PyTorch's linear takes a batched-matmul path that copies the whole (vocabulary x hidden) weight
+    first — 55 ms per prompt for the embedded model, more than its 10-token prefill. A copy of the
+    one row costs nothing."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "_envace_dense_input", False):
+        return
+
+    def dense(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dim() < 3:
+            return None
+        natural = [1]
+        for size in reversed(x.shape[1:]):
+            natural.insert(0, natural[0] * size)
+        if list(x.stride()) == natural:
+            return None
+        return (x.clone(memory_format=torch.contiguous_format), *args[1:])
+
+    head.register_forward_pre_hook(dense)
+    head._envace_dense_input = True
 
 
 def _plain_layers(config: Any) -> bool:
@@ -617,8 +748,12 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gen
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         drop = cumulative - torch.softmax(sorted_logits, dim=-1) > sampling.top_p
         filtered[order[drop]] = float("-inf")
-    probs = torch.softmax(filtered, dim=-1)
-    token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    # inverse CDF with one uniform draw: torch.multinomial takes ~1 ms per call over a 49k vocabulary
+    # on CPU, as long as a whole decode step's attention for one row; a float64 cumsum takes 0.05 ms.
+    # right=True never lands on a zero-probability (filtered) token: its CDF step is empty.
+    cdf = torch.softmax(filtered, dim=-1).double().cpu().cumsum(0)
+    point = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    token = min(int(torch.searchsorted(cdf, point, right=True)), cdf.numel() - 1)
     return token, float(logprobs[token])
 
 

@@ -255,6 +255,90 @@ def test_jobs_that_arrive_mid_decode_join_the_batch_and_decode_as_if_alone(polic
         assert max(abs(a - b) for a, b in zip(fresh, got[name].logprobs)) < 1e-4
 
 
+def test_rows_sharing_a_prompt_prefix_decode_over_one_copy_of_it(policy, monkeypatch):
+    from envace_mcp.policy.transformers_backend import _common_prefix, _DecodeBatch, _Job
+
+    steps = []
+    original = _DecodeBatch.step
+
+    def spy(batch, tokens, positions):
+        groups = {id(g): len(g.ids) for g in batch.row_groups if g is not None}
+        steps.append((sorted(groups.values()), batch.seen, batch.rows))
+        return original(batch, tokens, positions)
+
+    monkeypatch.setattr(_DecodeBatch, "step", spy)
+    bank = "You are a careful bank assistant. Check every account before you move money. " * 6
+    shop = "You sell shoes and socks. Answer in one short line, and never promise a delivery date. " * 4
+
+    def job(system_text, question, new, seed):
+        chat = [{"role": "system", "content": system_text}, {"role": "user", "content": question}]
+        return _Job(policy.encode(policy.render(chat, None)), SamplingParams(max_new_tokens=new, temperature=0.9),
+                    seed=seed)
+
+    jobs = {"a": job(bank, "balance of CHK-1?", 14, 1), "b": job(bank, "move 5 from SAV-2 to CHK-1 " * 3, 12, 2),
+            "c": job(bank[:-40] + "Be brief.", "list accounts", 10, 3),  # step 3: shares less of the prompt
+            "d": job(shop, "red socks?", 8, 4), "e": job(shop, "size 44 boots", 8, 5)}  # step 6: another prompt
+    feed = ScriptedFeed({1: [(jobs["a"], "a"), (jobs["b"], "b")], 3: [(jobs["c"], "c")],
+                         6: [(jobs["d"], "d"), (jobs["e"], "e")]})
+    policy.stream(feed, max_rows=8)
+    got = dict(feed.delivered)
+
+    def common(x, y):
+        return _common_prefix(jobs[x].prompt_ids, jobs[y].prompt_ids, limit=10**9)
+
+    ab, ac, de = common("a", "b"), common("a", "c"), common("d", "e")
+    assert 100 < ac < ab and de > 100 and common("a", "d") < 64
+    # held once per group, the rows' columns start after it; `c` shortens the bank group for its rows
+    assert [groups for groups, _, _ in steps[:6]] == [[ab], [ab], [ac], [ac], [ac], sorted([ac, de])]
+    assert [rows for _, _, rows in steps[:6]] == [2, 2, 3, 3, 3, 5]
+    assert steps[0][1] == max(len(jobs["a"].prompt_ids), len(jobs["b"].prompt_ids)) - ab
+    policy.share_prefix = False
+    try:
+        for name, j in jobs.items():
+            alone = policy.generate_batch([j])[0]  # every row its own copy
+            assert got[name].completion_ids == alone.completion_ids, name
+            assert max(abs(a - b) for a, b in zip(got[name].logprobs, alone.logprobs)) < 1e-4
+            fresh = policy.score(j.prompt_ids, got[name].completion_ids, temperature=0.9)
+            assert max(abs(a - b) for a, b in zip(fresh, got[name].logprobs)) < 1e-4
+    finally:
+        policy.share_prefix = True
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_split_over_shared_prefixes_equals_attention_over_the_whole(masked):
+    import torch.nn.functional as F
+
+    from envace_mcp.policy._decode_attention import SharedPrefixes
+
+    torch.manual_seed(0)
+    rows, kv_heads, group, dim, own = 5, 2, 3, 16, 9
+
+    def prefix(n):
+        return [(torch.randn(1, kv_heads, n, dim), torch.randn(1, kv_heads, n, dim))]
+
+    # rows 0, 3 share a 40-token prefix, rows 1, 4 a 25-token one; row 2 holds its whole prompt
+    prefixes = SharedPrefixes([(torch.tensor([0, 3]), prefix(40)), (torch.tensor([4, 1]), prefix(25))])
+    query = torch.randn(rows, kv_heads, group, dim)
+    keys, values = torch.randn(rows, kv_heads, own, dim), torch.randn(rows, kv_heads, own, dim)
+    mask = None
+    if masked:  # left padding of different widths; every row keeps at least its newest column
+        mask = (torch.arange(own)[None, :] >= torch.tensor([0, 3, 8, 1, 5])[:, None])[:, None, None, :]
+    got = prefixes.attend(0, query, keys, values, mask, scale=0.3)
+    assert got.shape == (rows, 1, kv_heads * group, dim)
+    for row in range(rows):  # each row alone: its prefix (if any) and its own unmasked columns
+        ks, vs = keys[row : row + 1], values[row : row + 1]
+        if mask is not None:
+            ks, vs = ks[:, :, mask[row, 0, 0]], vs[:, :, mask[row, 0, 0]]
+        for slots, layers in prefixes.groups:
+            if row in slots.tolist():
+                ks, vs = torch.cat([layers[0][0], ks], dim=2), torch.cat([layers[0][1], vs], dim=2)
+        want = F.scaled_dot_product_attention(query[row : row + 1], ks, vs, scale=0.3)
+        assert torch.allclose(got[row], want.reshape(1, kv_heads * group, dim), atol=1e-5), row
+    whole_k, whole_v, whole_mask = prefixes.prepend(0, keys, values, mask)  # the fallback layout agrees
+    padded = F.scaled_dot_product_attention(query, whole_k, whole_v, attn_mask=whole_mask, scale=0.3)
+    assert torch.allclose(got, padded.reshape(rows, 1, kv_heads * group, dim), atol=1e-5)
+
+
 async def test_prompts_sharing_a_prefix_hold_its_keys_and_values_once(tiny_qwen3_dir, bank_catalog):
     policy = load_policy(str(tiny_qwen3_dir))
     call = ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"})
@@ -322,3 +406,19 @@ async def test_a_job_that_cannot_be_generated_fails_alone_and_its_batch_mates_fi
     assert isinstance(outcomes["empty"], UserError) and "empty prompt" in str(outcomes["empty"])
     for name, job in (("a", good[0]), ("b", good[1])):
         assert outcomes[name].completion_ids == policy.generate_batch([job])[0].completion_ids
+
+
+def test_sampling_follows_the_distribution_and_never_picks_a_filtered_token():
+    from envace_mcp.policy.transformers_backend import _sample
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.tensor([0.0, 1.0, float("-inf"), 2.0, 0.5, -1.0])
+    want = torch.softmax(logits, dim=-1)
+    draws = [_sample(logits, SamplingParams(temperature=1.0), generator) for _ in range(20000)]
+    counts = torch.bincount(torch.tensor([token for token, _ in draws]), minlength=6) / len(draws)
+    assert counts[2] == 0 and torch.allclose(counts, want, atol=0.01)
+    assert all(abs(lp - float(torch.log(want[token]))) < 1e-5 for token, lp in draws[:50])
+    top2 = {_sample(logits, SamplingParams(temperature=1.0, top_k=2), generator)[0] for _ in range(500)}
+    assert top2 == {1, 3}
+    cool = [_sample(logits, SamplingParams(temperature=0.25), generator)[0] for _ in range(2000)]
+    assert cool.count(3) / len(cool) > 0.95  # temperature sharpens toward the top token
