@@ -2,6 +2,7 @@
 logprobs, batching, seeds, adapters. Plumbing only; accuracy claims belong to the real model."""
 
 import anyio
+import numpy
 import pytest
 import torch
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -104,6 +105,55 @@ async def test_a_lora_adapter_stacks_on_the_model(tiny_qwen3_dir, tmp_path):
     assert a.prompt_ids == b.prompt_ids and a.logprobs != b.logprobs
     fresh = adapted.score(b.prompt_ids, b.completion_ids, temperature=0)
     assert max(abs(x - y) for x, y in zip(fresh, b.logprobs)) < 1e-4
+
+
+async def test_generation_runs_on_merged_lora_weights_and_leaves_the_adapter_trainable(tiny_qwen3_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.policy.transformers_backend import _Job, _merged_lora
+
+    torch.manual_seed(0)
+    for name, dora in (("plain", False), ("dora", True)):
+        base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir)
+        config = LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False,
+                            use_dora=dora)
+        get_peft_model(base, config).save_pretrained(tmp_path / name)
+    policy = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "plain"))
+    model = policy.model
+    ids = torch.tensor([policy.encode("merge me, then train me")])
+    for n, p in model.named_parameters():  # as a trainer would have it (loaded adapters come frozen)
+        p.requires_grad_("lora_" in n)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        with _merged_lora(model) as merged:
+            assert merged
+            during = model(input_ids=ids).logits
+            assert all("forward" in m.__dict__ for m in model.modules() if hasattr(m, "lora_A"))
+        after = model(input_ids=ids).logits
+    assert torch.equal(before, after) and torch.allclose(before, during, atol=1e-4)
+    assert not torch.equal(before, during)  # really the merged copies, not the same path
+    assert dict(model.named_parameters()) == params  # the very same parameter objects back
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [n for n in params if "lora_" in n]
+    assert all("forward" not in m.__dict__ for m in model.modules() if hasattr(m, "lora_A"))
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()  # the adapter still trains
+    grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    jobs = [_Job(policy.encode(policy.render([{"role": "user", "content": "word " * (i + 3)}], None)),
+                 SamplingParams(max_new_tokens=10, temperature=0.9), seed=i) for i in range(3)]
+    merged_runs = policy.generate_batch(jobs)
+    policy.merge_lora = False
+    separate = policy.generate_batch(jobs)
+    for a, b in zip(merged_runs, separate):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    dora = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "dora"))
+    with _merged_lora(dora.model) as merged:
+        assert not merged  # not a plain merge: generates through peft as before
 
 
 async def test_a_tokenizer_without_a_chat_template_falls_back_to_chatml(tiny_qwen3_dir):
@@ -411,7 +461,7 @@ async def test_a_job_that_cannot_be_generated_fails_alone_and_its_batch_mates_fi
 def test_sampling_follows_the_distribution_and_never_picks_a_filtered_token():
     from envace_mcp.policy.transformers_backend import _sample
 
-    generator = torch.Generator().manual_seed(0)
+    generator = numpy.random.default_rng(0)
     logits = torch.tensor([0.0, 1.0, float("-inf"), 2.0, 0.5, -1.0])
     want = torch.softmax(logits, dim=-1)
     draws = [_sample(logits, SamplingParams(temperature=1.0), generator) for _ in range(20000)]
