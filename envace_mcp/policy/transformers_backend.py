@@ -24,9 +24,9 @@ import inspect
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import numpy
@@ -105,11 +105,11 @@ class TransformersPolicy(PromptPolicy):
         self.decode_attention = use_for_decoding(model)
         """Whether one-token steps use the packed grouped-query attention (CPU models on `sdpa`)."""
         self.share_prefix = True
+        """With `decode_attention`: a decode batch holds the prompt prefixes its rows share once (see
+        `_DecodeBatch`); False gives every row its own copy (for comparisons)."""
         self.merge_lora = True
         """CPU generation under one plain LoRA adapter runs on merged copies of the adapted weights
         (see `_merged_lora`); False keeps peft's separate adapter path (for comparisons)."""
-        """With `decode_attention`: a decode batch holds the prompt prefix its rows share once (see
-        `_DecodeBatch`); False gives every row its own copy (for comparisons)."""
         _dense_head_input(model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.prefill_stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
@@ -461,6 +461,7 @@ class _DecodeBatch:
     min_shared = 64
     """A prefix shorter than this is not worth a group (two attention calls instead of one)."""
     max_groups = 4
+    """More groups than this and a prompt joins the group it shares most with (if >= `min_shared`)."""
 
     def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
                  shared_prefix: bool = False) -> None:
