@@ -151,6 +151,17 @@ async def test_generation_runs_on_merged_lora_weights_and_leaves_the_adapter_tra
     for a, b in zip(merged_runs, separate):
         assert a.completion_ids == b.completion_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    policy.merge_lora = True
+    with torch.no_grad():  # an optimizer step on the adapter: the next generation samples from it
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5 * torch.randn_like(p))
+    updated = policy.generate_batch(jobs)  # (the prefix cache's keys/values from the old weights are dropped)
+    for job, old, new in zip(jobs, merged_runs, updated):
+        fresh = policy.score(job.prompt_ids, new.completion_ids, temperature=0.9)  # the adapter path, no merge
+        assert max(abs(x - y) for x, y in zip(fresh, new.logprobs)) < 1e-4
+        stale = policy.score(job.prompt_ids, old.completion_ids, temperature=0.9)
+        assert max(abs(x - y) for x, y in zip(stale, old.logprobs)) > 1e-3  # the weights really moved
     dora = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "dora"))
     with _merged_lora(dora.model) as merged:
         assert not merged  # not a plain merge: generates through peft as before
