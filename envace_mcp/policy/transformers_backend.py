@@ -216,7 +216,7 @@ class TransformersPolicy(PromptPolicy):
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
         batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows, joinable=self.plain_cache,
-                             shared_prefix=self.decode_attention and self.share_prefix)
+                             shared_prefix=self.decode_attention and self.share_prefix and max_rows > 1)
         if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
             max_rows = 1
         rows: list[_Row] = []
@@ -557,6 +557,12 @@ class _DecodeBatch:
             self._bind()
         if self.mask.shape[1] <= self.seen:  # plain library cache: the mask grows with it
             self.mask = torch.cat([self.mask, self.mask.new_zeros(self.mask.shape[0], 1)], dim=1)
+        if self.rows == 1 and self.row_groups and self.row_groups[0] is not None:
+            # one row left: the split attention only costs (~15 % of a one-row step); its prefix goes back in
+            group = self.row_groups[0]
+            self._shorten(group, 0)
+            self.groups.remove(group)
+            self.row_groups[0] = None
         self.mask[: self.rows, self.seen] = 1
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)[:, None]

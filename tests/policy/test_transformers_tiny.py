@@ -365,6 +365,43 @@ def test_rows_sharing_a_prompt_prefix_decode_over_one_copy_of_it(policy, monkeyp
         policy.share_prefix = True
 
 
+def test_a_row_left_alone_takes_its_prefix_back_and_later_rows_share_again(policy, monkeypatch):
+    from envace_mcp.policy.transformers_backend import _DecodeBatch, _Job
+
+    steps = []
+    original = _DecodeBatch.step
+
+    def spy(batch, tokens, positions):
+        out = original(batch, tokens, positions)
+        steps.append((batch.rows, [len(g.ids) for g in batch.groups], [g is not None for g in batch.row_groups]))
+        return out
+
+    monkeypatch.setattr(_DecodeBatch, "step", spy)
+    system = "You are a careful bank assistant. Check every account before you move money. " * 6
+
+    def job(question, new, seed):
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        return _Job(policy.encode(policy.render(chat, None)), SamplingParams(max_new_tokens=new, temperature=0.9),
+                    seed=seed)
+
+    jobs = {"a": job("balance of CHK-1?", 12, 1), "b": job("list accounts", 10, 2), "c": job("move 5 to SAV-2", 6, 3)}
+    # `a` alone for three steps, then `b` and `c` arrive together and share a prefix between them
+    feed = ScriptedFeed({1: [(jobs["a"], "a")], 4: [(jobs["b"], "b"), (jobs["c"], "c")]})
+    policy.stream(feed, max_rows=8)
+    got = dict(feed.delivered)
+    assert steps[0] == (1, [], [False])  # alone: its prefix went back into its own columns
+    assert steps[3][0] == 3 and len(steps[3][1]) == 1 and steps[3][1][0] > 100 and steps[3][2] == [False, True, True]
+    policy.share_prefix = False
+    try:
+        for name, j in jobs.items():
+            alone = policy.generate_batch([j])[0]
+            assert got[name].completion_ids == alone.completion_ids, name
+            fresh = policy.score(j.prompt_ids, got[name].completion_ids, temperature=0.9)
+            assert max(abs(a - b) for a, b in zip(fresh, got[name].logprobs)) < 1e-4
+    finally:
+        policy.share_prefix = True
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_attention_split_over_shared_prefixes_equals_attention_over_the_whole(masked):
     import torch.nn.functional as F
