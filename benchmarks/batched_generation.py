@@ -18,7 +18,6 @@ from langchain_core.messages import HumanMessage
 from envace_mcp.eval import get_suite
 from envace_mcp.policy import RehearseRequest, SamplingParams, ToolCall, load_policy
 from envace_mcp.policy._batching import Batcher
-from envace_mcp.policy.transformers_backend import PrefixCache
 from envace_mcp.toolbox import Toolbox
 
 
@@ -40,7 +39,7 @@ async def requests(n: int) -> list[RehearseRequest]:
 
 async def run(policy, batch: list[RehearseRequest], max_new: int) -> tuple[float, int, list, dict]:
     results = [None] * len(batch)
-    policy.prefix_cache = PrefixCache(policy.prefix_cache.max_tokens)  # both modes pay the same prefill
+    policy.prefix_cache.clear()  # both modes pay the same prefill
     before = dict(policy.prefill_stats)
 
     async def one(i: int) -> None:

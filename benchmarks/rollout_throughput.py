@@ -27,7 +27,6 @@ from envace_mcp.graph import GateConfig
 from envace_mcp.policy import SamplingParams, load_policy
 from envace_mcp.policy._batching import Batcher
 from envace_mcp.policy.prompts import render_act, render_critique, render_rehearse
-from envace_mcp.policy.transformers_backend import PrefixCache
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.train.rollouts import rollout_group
 
@@ -63,7 +62,7 @@ class Seeded:
 
 
 async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, gate: GateConfig, temperature: float):
-    policy.prefix_cache = PrefixCache(policy.prefix_cache.max_tokens)
+    policy.prefix_cache.clear()
     policy.batcher = Batcher(policy.generate_batch, max_batch=batch, window_s=0.01 if batch > 1 else 0.0,
                              stream=policy.stream)
     before = dict(policy.prefill_stats)

@@ -216,7 +216,7 @@ class TransformersPolicy(PromptPolicy):
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
         batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows, joinable=self.plain_cache,
-                             shared_prefix=self.decode_attention and self.share_prefix and max_rows > 1)
+                             shared_prefix=self.decode_attention and self.share_prefix)
         if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
             max_rows = 1
         rows: list[_Row] = []
@@ -358,7 +358,12 @@ class PrefixCache:
     def for_weights(self, key: int) -> None:
         """Use the cache for weights identified by `key` (`_weights_key`); entries of others are dropped."""
         if key != self.weights:
-            self.entries, self.weights = [], key
+            self.clear()
+            self.weights = key
+
+    def clear(self) -> None:
+        """Drop every entry (their keys/values are freed once no decode batch holds them)."""
+        self.entries = []
 
     def lookup(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]], _Entry | None]:
         """Length of the longest stored prefix of `ids` (leaving at least one token to run), its
@@ -486,7 +491,7 @@ class _DecodeBatch:
         self.seen = 0  # columns in use; the next token of every row goes to column `seen`
         self.starts: list[int] = []  # first column of each row's prompt
         self.wanted = (0, 0)  # rows x columns `place` needs (set by `make_room`)
-        self.shared_prefix = shared_prefix and joinable
+        self.shared_prefix = shared_prefix and joinable and max_rows > 1  # one row: nothing to share with
         self.groups: list[_PrefixGroup] = []
         self.row_groups: list[_PrefixGroup | None] = []  # each row's group (None: its columns hold its whole prompt)
 
@@ -628,15 +633,7 @@ class _DecodeBatch:
         if members:
             short = min(self.starts[slot] for slot in members)
             if short < cut:  # shift every row right by the missing columns
-                extra = cut - short
-                self._reserve(self.rows, self.seen + extra + 64)
-                for buf in (*self.keys, *self.values):
-                    buf[: self.rows, :, extra : extra + self.seen] = buf[: self.rows, :, : self.seen].clone()
-                    buf[: self.rows, :, :extra] = 0
-                self.mask[: self.rows, extra : extra + self.seen] = self.mask[: self.rows, : self.seen].clone()
-                self.mask[: self.rows, :extra] = 0
-                self.seen += extra
-                self.starts = [s + extra for s in self.starts]
+                self._shift(cut - short)
             for layer, (keys, values) in enumerate(group.layers):
                 for slot in members:
                     start = self.starts[slot]
@@ -666,12 +663,21 @@ class _DecodeBatch:
         cut = min(self.starts)
         if cut < self.compact_from or cut * 2 < self.seen:
             return
+        self._shift(-cut)
+
+    def _shift(self, by: int) -> None:
+        """Move every live row's columns `by` to the right (negative: to the left), growing the buffers
+        when needed; the columns left behind are masked (their stale keys/values get no weight)."""
+        if by > 0:
+            self._reserve(self.rows, self.seen + by + 64)
+        source, target = slice(max(-by, 0), self.seen), slice(max(by, 0), self.seen + by)
         for buf in (*self.keys, *self.values):
-            buf[: self.rows, :, : self.seen - cut] = buf[: self.rows, :, cut : self.seen].clone()
-        self.mask[: self.rows, : self.seen - cut] = self.mask[: self.rows, cut : self.seen].clone()
-        self.mask[: self.rows, self.seen - cut : self.seen] = 0
-        self.seen -= cut
-        self.starts = [s - cut for s in self.starts]
+            buf[: self.rows, :, target] = buf[: self.rows, :, source].clone()
+        self.mask[: self.rows, target] = self.mask[: self.rows, source].clone()
+        vacated = slice(0, by) if by > 0 else slice(self.seen + by, self.seen)
+        self.mask[: self.rows, vacated] = 0
+        self.seen += by
+        self.starts = [s + by for s in self.starts]
 
     def _bind(self) -> None:
         """Point the cache's layers at the live rows' columns."""

@@ -407,7 +407,6 @@ class OnlineGRPO(OfflineGRPO):
         import anyio
 
         from envace_mcp.train.rollouts import rollout_group
-        from envace_mcp.policy.transformers_backend import PrefixCache
 
         picked = [self.tasks[i] for i in self._next_indices(len(self.tasks))][self.rank::self.world_size]
         self.model.eval()
@@ -427,9 +426,9 @@ class OnlineGRPO(OfflineGRPO):
 
         traces = anyio.run(collect)  # train_step is synchronous; rollouts run on their own event loop
         backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
-        # the update changes the weights, so cached keys/values are stale; freed now, not after the
-        # update, so the update's activations never sit next to them (peak memory)
-        backend.prefix_cache = PrefixCache(backend.prefix_cache.max_tokens)
+        # the update makes the cached keys/values stale (the cache would drop them at the next
+        # generation); freed now, so the update's activations never sit next to them (peak memory)
+        backend.prefix_cache.clear()
         self.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
