@@ -7,7 +7,9 @@ and handed to TRL through its generation hook, so both train on identical token 
 the timing covers the update only: TRL's batch preparation + forward/backward + optimizer step vs
 ours (`OfflineGRPO.update`). Prompts are the bank suite's act prompts (system + tools + task,
 ~1,700 tokens) — the shape our users train on. Reported: seconds per step (median after a warm-up
-step), tokens per second (prompt + completion tokens of the step / step time), and the ratio.
+step), tokens per second (prompt + completion tokens of the step / step time), and the ratio — for
+our default (one segment per forward pass) and for `share_prefix` with one group per forward pass
+(its completions packed behind their prompt, which then runs once instead of once per completion).
 
 Needs `pip install trl` (1.16 measured).
 
@@ -116,12 +118,13 @@ def run_trl(data, group: int, steps: int, max_new: int, out: str) -> tuple[list[
     return times, per_step
 
 
-def run_ours(data, group: int, steps: int, out: str) -> tuple[list[float], int]:
+def run_ours(data, group: int, steps: int, out: str, share: bool = False) -> tuple[list[float], int]:
     from envace_mcp.train.rows import Segment
     from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
 
     config = GRPOConfig(loss_type="dapo", beta=0.0, lr=1e-5, lora=True, lora_r=16, lora_alpha=32,
-                        gradient_checkpointing=True, groups_per_step=len(data), micro_batch=1, steps=steps)
+                        gradient_checkpointing=True, groups_per_step=len(data), micro_batch=group if share else 1,
+                        share_prefix=share, steps=steps)
     trainer = OfflineGRPO(config, None, out)
     groups = [[Segment(run_id=f"{i}-{j}", task_id=str(i), group_id=str(i), role="act", prompt_ids=d["prompt_ids"],
                        completion_ids=list(c), old_logprobs=list(lp), reward=r)
@@ -149,14 +152,18 @@ def main() -> None:
     completion = statistics.mean(len(c) for d in data for c in d["completions"])
     with tempfile.TemporaryDirectory() as tmp:
         ours, ours_tokens = run_ours(data, ns.group, ns.steps, os.path.join(tmp, "ours"))
+        packed, _ = run_ours(data, ns.group, ns.steps, os.path.join(tmp, "packed"), share=True)
         trl, trl_tokens = run_trl(data, ns.group, ns.steps, ns.max_new_tokens, os.path.join(tmp, "trl"))
-    ours_s, trl_s = statistics.median(ours[1:]), statistics.median(trl[1:])
+    ours_s, trl_s, packed_s = statistics.median(ours[1:]), statistics.median(trl[1:]), statistics.median(packed[1:])
     print(f"embedded SmolLM2-135M fp32, LoRA r16, {ns.prompts} groups x {ns.group} per step, prompts ~{prompt:.0f} "
           f"tokens, completions ~{completion:.0f} tokens (max {ns.max_new_tokens}), beta 0, DAPO loss, "
           f"gradient checkpointing; median of steps 2..{ns.steps}")
     print(f"  TRL GRPOTrainer : {trl_s:7.2f} s/step  {trl_tokens / trl_s:8.1f} tok/s  (steps: {[round(t, 2) for t in trl]})")
     print(f"  envace-mcp      : {ours_s:7.2f} s/step  {ours_tokens / ours_s:8.1f} tok/s  (steps: {[round(t, 2) for t in ours]})")
-    print(f"  ratio           : {trl_s / ours_s:7.2f}x (our update vs TRL's, same tokens)")
+    print(f"  envace-mcp, share_prefix: {packed_s:7.2f} s/step  {ours_tokens / packed_s:8.1f} tok/s  "
+          f"(steps: {[round(t, 2) for t in packed]})")
+    print(f"  ratio           : {trl_s / ours_s:7.2f}x (our update vs TRL's, same tokens); "
+          f"share_prefix {trl_s / packed_s:.2f}x")
 
 
 if __name__ == "__main__":

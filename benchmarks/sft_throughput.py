@@ -1,15 +1,16 @@
-"""SFT step throughput and peak memory on the embedded SmolLM2 with LoRA: packed rows without and
-with the shared prompt prefix, gradient checkpointing, fp32 vs bf16.
+"""SFT step throughput and peak memory on the embedded SmolLM2 with LoRA: one row at a time vs rows
+packed with their shared prompt prefix, through a block mask or attended part by part.
 
-    python benchmarks/sft_throughput.py [--traces DIR] [--rows 8] [--batch-size 4]
+    python benchmarks/sft_throughput.py [--traces DIR] [--rows 16] [--batch-size 16]
 
 Rows are SFT rows (act + rehearse turns) from reference traces (`envace traces reference DIR
 --no-logprobs`; recorded here on the first bank train tasks when no folder is given). Every variant
-runs forward + backward on the same rows, same batches, same weights, each in a fresh process (so
-peak RSS is its own). Baseline: one row at a time with its whole prompt (plain causal attention), fp32, no checkpointing
-(padded multi-row batches of these ~2k-token prompts ran out of 24 GB).
-Prints tokens/s, ratio to the baseline, peak RSS, and the gap of each variant's mean loss to the baseline's (batches differ in size, so per-batch
-losses are not comparable).
+runs forward + backward on the same rows, same weights, each in a fresh process (so peak RSS is its
+own). Baseline: one row at a time with its whole prompt (plain causal attention), bf16, checkpointing
+(the SFT default until packing was attended part by part). Earlier runs of this script: fp32 without
+checkpointing was 2.19x slower than the baseline; padded multi-row batches ran out of 24 GB.
+Prints tokens/s (tokens of the rows as they would run alone), ratio to the baseline, peak RSS, and the
+mean per-token loss over all rows, which every variant must reproduce.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ import anyio
 import torch
 
 
-VARIANTS = {  # name: (rows per batch (0 = --batch-size), share_prefix, gradient_checkpointing, bf16)
-    "one row at a time, fp32 (baseline)": (1, False, False, False),
-    "one row at a time, checkpointing, bf16": (1, False, True, True),
-    "packed, shared prefix, checkpointing, fp32": (0, True, True, False),
-    "packed, shared prefix, checkpointing, bf16": (0, True, True, True),
+VARIANTS = {  # name: (rows per batch (0 = --batch-size), share_prefix, part-by-part attention); all bf16 + checkpointing
+    "one row at a time (baseline)": (1, False, True),
+    "packed, shared prefix, block mask": (0, True, False),
+    "packed, shared prefix, part by part": (0, True, True),
 }
 
 
@@ -44,30 +44,38 @@ def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str) -> di
 
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.traces import TraceStore
-    from envace_mcp.train.rows import prefix_order, prepare_for_training
+    from envace_mcp.train.rows import collate, prefix_order, prepare_for_training
     from envace_mcp.train.sft import sft_loss, sft_rows, target_encoding
 
-    per_batch, share, checkpointing, bf16 = VARIANTS[name]
-    batch_size = per_batch or batch_size
+    per_batch, share, parts = VARIANTS[name]
+    args_batch, batch_size = batch_size, per_batch or batch_size
     model_dir = str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = sft_rows(TraceStore(folder).read(), *target_encoding(tokenizer))
-    rows = [rows[i] for i in sorted(random.Random(0).sample(range(len(rows)), min(rows_wanted, len(rows))))]
+    # batches as `train_sft` cuts them with share_prefix (prompt order), a seeded pick of them
     order = prefix_order(rows)
-    chunks = [[rows[i] for i in order[s: s + batch_size]] for s in range(0, len(order), batch_size)]
+    cut = [order[s: s + args_batch] for s in range(0, len(order), args_batch)]
+    random.Random(0).shuffle(cut)
+    picked = [i for chunk in cut for i in chunk][:rows_wanted]
+    rows = [rows[i] for i in picked]
+    chunks = [rows[s: s + batch_size] for s in range(0, len(rows), batch_size)]
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
                            LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                       task_type="CAUSAL_LM"))
-    prepare_for_training(model, checkpointing)
+    prepare_for_training(model, True)
+    if not parts:  # back to transformers' own sdpa: packed rows then need the N x N block mask
+        model.get_base_model().set_attn_implementation("sdpa")
     model.train()
-    start, losses = time.perf_counter(), []
+    start, loss_sum, packed = time.perf_counter(), 0.0, 0
     for chunk in chunks:
-        loss = sft_loss(model, chunk, 0, share_prefix=share, bf16=bf16)
+        loss = sft_loss(model, chunk, 0, share_prefix=share, bf16=True)
         loss.backward()
         model.zero_grad()
-        losses.append(float(loss))
-    return {"seconds": time.perf_counter() - start, "losses": losses,
+        loss_sum += float(loss) * sum(len(r.completion_ids) for r in chunk)
+        packed += collate(chunk, share_prefix=share).input_ids.shape[1]
+    return {"seconds": time.perf_counter() - start, "loss": loss_sum / sum(len(r.completion_ids) for r in rows),
+            "packed_tokens": packed,
             "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows),
             "targets": sum(len(r.completion_ids) for r in rows), "rows": len(rows),
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -76,8 +84,8 @@ def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str) -> di
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--traces", default=None)
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
@@ -90,7 +98,7 @@ def main() -> None:
         from envace_mcp.train.reference import record_reference_traces
 
         folder = tempfile.mkdtemp()
-        anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=8, score=False))
+        anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=args.rows, score=False))
     results = {}
     for name in VARIANTS:
         out = subprocess.run([sys.executable, __file__, "--traces", folder, "--rows", str(args.rows), "--batch-size",
@@ -103,9 +111,8 @@ def main() -> None:
             print(f"{r['rows']} rows ({r['tokens']} tokens, {r['targets']} trained), batches of {args.batch_size}")
         base = results.get(next(iter(VARIANTS)))
         ratio = f"x{base['seconds'] / r['seconds']:.2f}" if base else "-"
-        gap = abs(sum(base["losses"]) / len(base["losses"]) - sum(r["losses"]) / len(r["losses"])) if base else float("nan")
-        print(f"{name:40s} {r['seconds']:7.1f} s {r['tokens'] / r['seconds']:8.1f} tok/s {ratio:>6s}  "
-              f"peak {r['peak_mb']:7.0f} MB  loss gap {gap:.1e}")
+        print(f"{name:36s} {r['seconds']:7.1f} s {r['tokens'] / r['seconds']:8.1f} tok/s {ratio:>6s}  "
+              f"{r['packed_tokens']:7d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ of rows) instead of once per row, and passes them to the model as the keyword `e
 group's queries attend to its prefix in one block (read once per step instead of once per row), each
 row to its own columns in another, and the two partial softmaxes are merged by their log-sum-exps —
 the same attention, computed in two parts.
+
+Training passes (`envace_mcp.train.rows`) pack several rows into one sequence: optionally a prompt
+prefix they share, then each row's own tokens. They pass the layout as the keyword `envace_packed`
+(`PackedRows`) and the attention is computed per part — the prefix causally, each row against the
+prefix and its own earlier tokens — instead of over the whole sequence with an N×N block mask, which
+makes PyTorch's CPU kernels visit every masked-out block (and the mask itself is N² bytes).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     """transformers' attention-function signature; query (B, H, Q, D), key/value (B, KV, L, D) -> (B, Q, H, D)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    packed: PackedRows | None = kwargs.pop(PACKED_KW, None)
+    if packed is not None:
+        return packed.attend(module, query, key, value, dropout, scaling, **kwargs), None
     prefix: SharedPrefixes | None = kwargs.pop(PREFIX_KW, None)
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
@@ -56,6 +65,9 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
 PREFIX_KW = "envace_prefix"
 """Keyword a decode step passes its `SharedPrefixes` under (transformers hands model keywords down to
 the attention function)."""
+
+PACKED_KW = "envace_packed"
+"""Keyword a packed training forward passes its `PackedRows` under."""
 
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp a split softmax needs."""
@@ -120,6 +132,54 @@ class SharedPrefixes:
             mask = mask == 0
         mask = mask.expand(batch, 1, mask.shape[2], own)
         return keys, values, torch.cat([seen.expand(batch, 1, mask.shape[2], width), mask], dim=-1)
+
+
+class PackedRows:
+    """Layout of rows packed into one sequence (batch of one): positions [0, prefix) hold a prompt
+    prefix every row shares (possibly none), and each (start, end) in `spans` one row's own tokens,
+    which attend to the prefix and causally to themselves only."""
+
+    def __init__(self, prefix: int, spans: list[tuple[int, int]]) -> None:
+        self.prefix, self.spans = prefix, spans
+        self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _mask(self, length: int, device: torch.device) -> torch.Tensor:  # (1, 1, length, prefix + length) bool
+        key = (length, device)
+        if key not in self._masks:
+            mask = torch.ones((length, self.prefix + length), dtype=torch.bool, device=device)
+            mask[:, self.prefix:].tril_()  # the prefix is wholly visible, own tokens causally (lower right)
+            self._masks[key] = mask[None, None]
+        return self._masks[key]
+
+    def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float,
+               scaling: float | None, **kwargs: Any) -> torch.Tensor:
+        """query (1, H, N, D), key/value (1, KV, N, D) -> (1, N, H, D), through transformers' `sdpa`
+        for each part (it handles grouped-query heads)."""
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        kwargs.pop("is_causal", None)
+        p = self.prefix
+
+        def part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+            return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
+                                          is_causal=mask is None, **kwargs)[0]
+
+        outs = [part(query[:, :, :p], key[:, :, :p], value[:, :, :p], None)] if p else []
+        covered = p
+        for start, end in self.spans:
+            if start != covered:  # pragma: no cover - collate lays rows out back to back
+                raise ValueError(f"packed rows must be contiguous: a span starts at {start}, expected {covered}")
+            q = query[:, :, start:end]
+            if p:
+                k = torch.cat([key[:, :, :p], key[:, :, start:end]], dim=2)
+                v = torch.cat([value[:, :, :p], value[:, :, start:end]], dim=2)
+                outs.append(part(q, k, v, self._mask(end - start, query.device)))
+            else:
+                outs.append(part(q, key[:, :, start:end], value[:, :, start:end], None))
+            covered = end
+        if covered != query.shape[2]:
+            raise ValueError(f"packed layout covers {covered} positions, the sequence has {query.shape[2]}")
+        return torch.cat(outs, dim=1)
 
 
 @functools.cache

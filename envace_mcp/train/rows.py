@@ -4,11 +4,13 @@ logprobs recorded when it was sampled, its run's reward and its group; and batch
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from envace_mcp.policy._decode_attention import NAME as ATTENTION_NAME
+from envace_mcp.policy._decode_attention import PACKED_KW, PackedRows, use_for_decoding
 from envace_mcp.traces.schema import Trace
 
 ROLE_INDEX = {"act": 0, "rehearse": 1, "critique": 2}
@@ -54,26 +56,37 @@ def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str,
 @dataclass
 class Batch:
     """A micro-batch packed into ONE sequence without padding: the prompt prefix shared by every row
-    (possibly empty), then each row's remaining prompt + completion. A block attention mask lets each
-    row see the prefix and its own earlier tokens only, and positions restart after the prefix for each
-    row, so every row computes exactly what it would alone; the prefix runs once for all of them."""
+    (possibly empty), then each row's remaining prompt + completion. Each row sees the prefix and its
+    own earlier tokens only, and positions restart after the prefix for each row, so every row
+    computes exactly what it would alone; the prefix runs once for all of them."""
 
     input_ids: torch.Tensor  # [1, N] prefix, then each row's part, back to back
     position_ids: torch.Tensor  # [1, N] 0…P-1 for the prefix, P… again for each row
-    attention_mask: torch.Tensor | None  # [1, 1, N, N] bool (True = may attend); None = plain causal (one row)
     positions: torch.Tensor  # [B, T] where in the packed sequence each completion token is predicted (0 = padding)
     completion_mask: torch.Tensor  # [B, T] 1 for real completion tokens (left-aligned, T = longest completion)
     targets: torch.Tensor  # [B, T] the completion tokens
     old_logprobs: torch.Tensor  # [B, T] recorded sampling logprobs (0 where padded or not recorded)
     temperature: float
     prefix_len: int = 0  # P
+    spans: list[tuple[int, int]] | None = None  # each row's [start, end) after the prefix; None = one row, plain causal
 
     def to(self, device: torch.device | str) -> "Batch":
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Batch(input_ids=move(self.input_ids), position_ids=move(self.position_ids),
-                     attention_mask=move(self.attention_mask), positions=move(self.positions),
-                     completion_mask=move(self.completion_mask), targets=move(self.targets),
-                     old_logprobs=move(self.old_logprobs), temperature=self.temperature, prefix_len=self.prefix_len)
+        return replace(self, **{name: getattr(self, name).to(device) for name in
+                                ("input_ids", "position_ids", "positions", "completion_mask", "targets", "old_logprobs")})
+
+    @property
+    def attention_mask(self) -> torch.Tensor | None:  # [1, 1, N, N] bool (True = may attend); None = plain causal
+        """The layout as a block mask, for attention implementations that take no `PackedRows`
+        (N² bytes: 100 MB at 10k tokens — built only when asked for)."""
+        if self.spans is None:
+            return None
+        n, cut = self.input_ids.shape[1], self.prefix_len
+        allowed = torch.zeros((n, n), dtype=torch.bool, device=self.input_ids.device)
+        allowed[:cut, :cut] = True
+        for start, end in self.spans:
+            allowed[start:end, :cut] = True
+            allowed[start:end, start:end] = True
+        return allowed.tril_()[None, None]
 
 
 MIN_SHARED_PREFIX = 16
@@ -115,16 +128,7 @@ def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False)
         spans.append((start, len(ids)))
         first = start + len(row.prompt_ids) - cut - 1  # the position whose logits predict completion token 0
         predict.append(list(range(first, first + len(row.completion_ids))))
-    n, width = len(ids), max(len(r.completion_ids) for r in rows)
-    mask = None
-    if len(rows) > 1 or cut:
-        causal = torch.ones((n, n), dtype=torch.bool).tril_()  # [N, N]
-        allowed = torch.zeros((n, n), dtype=torch.bool)
-        allowed[:cut, :cut] = True
-        for start, end in spans:
-            allowed[start:end, :cut] = True
-            allowed[start:end, start:end] = True
-        mask = (causal & allowed)[None, None]  # [1, 1, N, N]
+    width = max(len(r.completion_ids) for r in rows)
     positions = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T]
     completion = torch.zeros((len(rows), width))  # [B, T]
     targets = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
@@ -137,23 +141,41 @@ def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False)
         if row.old_logprobs is not None:
             old[i, :k] = torch.tensor(row.old_logprobs)
     temperatures = {r.temperature for r in rows}
-    return Batch(input_ids=torch.tensor([ids]), position_ids=torch.tensor([position]), attention_mask=mask,
-                 positions=positions, completion_mask=completion, targets=targets, old_logprobs=old,
-                 temperature=temperatures.pop() if len(temperatures) == 1 else 1.0, prefix_len=cut)
+    return Batch(input_ids=torch.tensor([ids]), position_ids=torch.tensor([position]), positions=positions,
+                 completion_mask=completion, targets=targets, old_logprobs=old,
+                 temperature=temperatures.pop() if len(temperatures) == 1 else 1.0, prefix_len=cut,
+                 spans=spans if len(rows) > 1 or cut else None)
 
 
 def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, T, V]
     """Logits at the positions that predict completion tokens only: the LM head over a 50k
     vocabulary at every prompt position would cost more memory than the model itself."""
-    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask,
-                   logits_to_keep=batch.positions.reshape(-1)).logits  # [1, B*T, V]
+    extra: dict[str, Any] = {}
+    if batch.spans is None:
+        mask = None
+    elif _takes_packed_rows(model):  # each part attended on its own, no N×N mask
+        mask = torch.ones_like(batch.input_ids, dtype=torch.bool)  # no padding (and no "packed" guess from positions)
+        extra[PACKED_KW] = PackedRows(batch.prefix_len, batch.spans)
+    else:
+        mask = batch.attention_mask
+    logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
+                   logits_to_keep=batch.positions.reshape(-1), **extra).logits  # [1, B*T, V]
     return logits.view(*batch.positions.shape, -1)
+
+
+def _takes_packed_rows(model: Any) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = getattr(base, "module", base)  # DistributedDataParallel
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return getattr(getattr(base, "config", None), "_attn_implementation", None) == ATTENTION_NAME
 
 
 def prepare_for_training(model: Any, gradient_checkpointing: bool) -> None:
     """Gradient checkpointing keeps one decoder layer's activations at a time (recomputed in backward):
-    ~2 MB per token for SmolLM2's 30 layers otherwise, and tool-schema prompts are ~2k tokens."""
+    ~2 MB per token for SmolLM2's 30 layers otherwise, and tool-schema prompts are ~2k tokens.
+    CPU models on `sdpa` attention switch to ours, which attends packed rows part by part."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    use_for_decoding(base)
     renamed = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.2x renamed the API
     if gradient_checkpointing and getattr(base, "supports_gradient_checkpointing", False):
         if renamed:

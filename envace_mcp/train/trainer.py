@@ -70,8 +70,9 @@ class GRPOConfig(BaseModel):
     groups_per_step: int = 4
     """EnvACE: 16 tasks x 4 rollouts per step on 16 GPUs; 4 groups fit a CPU."""
     micro_batch: int = 1
-    """Segments per forward pass (gradient accumulation inside one step); one segment runs with plain
-    causal attention, the fastest kernel on CPU (see `share_prefix`)."""
+    """Segments per forward pass (gradient accumulation inside one step). One segment at a time keeps
+    the update's memory lowest (the 4 GB budget of `benchmarks/grpo_memory.py`); more pay off with
+    `share_prefix`."""
     max_grad_norm: float = 1.0
     """EnvACE's grad clip."""
     seed: int = 0
@@ -85,9 +86,9 @@ class GRPOConfig(BaseModel):
     real tool outputs (as SFT does), added to the GRPO loss (mean over those target tokens)."""
     share_prefix: bool = False
     """Micro-batches of several segments, in prompt order, packed into one sequence with their common
-    prefix (system + tools + task) once: the same gradients for fewer tokens, but the block mask needs
-    the general attention kernel — on 2 CPU cores it was slower than one segment at a time (SFT
-    benchmark: 93 vs 131 tok/s, bf16). Worth trying on GPUs."""
+    prefix (system + tools + task, for a group often the whole prompt) once: the same gradients for
+    fewer tokens. CPU models attend the parts separately (no N×N mask); SFT, which packs by default,
+    runs 2.22x one row at a time this way. Off here to keep the default update inside 4 GB."""
     gradient_checkpointing: bool = True
     """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
     bf16: bool = False

@@ -60,19 +60,23 @@ def test_a_grpo_step_from_recorded_traces_starts_on_policy_and_moves_the_weights
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_a_shared_prefix_batch_gives_the_same_logprobs_and_gradients(tmp_path, lora):
-    """The prefix runs once and its keys/values are repeated per row: same numbers, less work."""
+@pytest.mark.parametrize("lora,parts", [(False, False), (True, False), (False, True), (True, True)])
+def test_a_shared_prefix_batch_gives_the_same_logprobs_and_gradients(tmp_path, lora, parts):
+    """The prefix runs once for every row: same numbers, less work — through transformers' `sdpa` with
+    a block mask, and (`parts`) through our attention, which attends prefix and rows part by part."""
     from transformers import AutoModelForCausalLM
 
     from envace_mcp.testing import build_tiny_qwen3
-    from envace_mcp.train.rows import prefix_order, shared_prefix_length
+    from envace_mcp.train.rows import _takes_packed_rows, prefix_order, prepare_for_training, shared_prefix_length
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
     if lora:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    if parts:
+        prepare_for_training(model, gradient_checkpointing=True)  # switches the attention; recomputes in backward
+    assert _takes_packed_rows(model) == parts
     all_rows = segments(TraceStore(FIXTURES).read())
     acts = [all_rows[i] for i in prefix_order(all_rows) if all_rows[i].role == "act"]
     assert shared_prefix_length(acts) > 0.5 * min(len(r.prompt_ids) for r in acts)  # system + tools + task
@@ -94,3 +98,33 @@ def test_a_shared_prefix_batch_gives_the_same_logprobs_and_gradients(tmp_path, l
     with torch.no_grad():  # and both equal each row run alone, unpacked (plain causal attention)
         alone = torch.cat([batch_logprobs(model, collate([row]))[0, :len(row.completion_ids)] for row in acts])
     assert torch.allclose(alone, plain, atol=1e-5)
+
+
+def test_rows_packed_without_a_prefix_attend_only_to_themselves(tmp_path):
+    """Several rows in one sequence, nothing shared: our part-by-part attention (plain causal per row)
+    gives each row what it gets alone, gradients included."""
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.rows import prepare_for_training
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
+    prepare_for_training(model, gradient_checkpointing=False)
+    rows = segments(TraceStore(FIXTURES).read())[:4]
+    batch = collate(rows)
+    assert batch.spans is not None and batch.prefix_len == 0
+    params = list(model.parameters())
+    packed = batch_logprobs(model, batch)
+    grads = torch.autograd.grad(-(packed * batch.completion_mask).sum(), params)
+    alone, alone_grads = [], [torch.zeros_like(p) for p in params]
+    for row in rows:
+        one = collate([row])
+        assert one.spans is None and one.attention_mask is None
+        logp = batch_logprobs(model, one)
+        alone.append(logp[0])
+        for total, g in zip(alone_grads, torch.autograd.grad(-logp.sum(), params)):
+            total += g
+    for i, row in enumerate(rows):
+        k = len(row.completion_ids)
+        assert torch.allclose(packed[i, :k], alone[i][:k], atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(grads, alone_grads))
