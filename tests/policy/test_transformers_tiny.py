@@ -1,6 +1,8 @@
 """The transformers backend on a tiny random Qwen3 built offline: the Qwen3 path, exact tokens and
 logprobs, batching, seeds, adapters. Plumbing only; accuracy claims belong to the real model."""
 
+import threading
+
 import anyio
 import numpy
 import pytest
@@ -131,8 +133,14 @@ async def test_generation_runs_on_merged_lora_weights_and_leaves_the_adapter_tra
             assert merged
             during = model(input_ids=ids).logits
             assert all("forward" in m.__dict__ for m in model.modules() if hasattr(m, "lora_A"))
+            other: dict = {}  # a training step starting while a stream's worker thread winds down
+            thread = threading.Thread(target=lambda: other.update(out=model(input_ids=ids).logits))
+            thread.start()
+            thread.join()
+            assert other["out"].requires_grad  # (grad mode is per thread)
         after = model(input_ids=ids).logits
     assert torch.equal(before, after) and torch.allclose(before, during, atol=1e-4)
+    assert torch.equal(before, other["out"].detach())  # other threads never see the merge: peft's path, own weights
     assert not torch.equal(before, during)  # really the merged copies, not the same path
     assert dict(model.named_parameters()) == params  # the very same parameter objects back
     assert [n for n, p in model.named_parameters() if p.requires_grad] == [n for n in params if "lora_" in n]
