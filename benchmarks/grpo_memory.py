@@ -5,6 +5,7 @@ step, fp32, LoRA, gradient checkpointing), with a sampler thread reading this pr
 50 ms. The baseline is the model's own weights (what any trainer holds at least).
 
     python benchmarks/grpo_memory.py [--steps 2] [--max-new-tokens 96] [--prefix-cache-tokens 32768]
+                                     [--share-prefix --micro-batch 4]
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prefix-cache-tokens", type=int, default=32768)
+    parser.add_argument("--share-prefix", action="store_true", help="GRPOConfig.share_prefix (packed micro-batches)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="GRPOConfig.micro_batch (default: its default)")
     ns = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sampler = Sampler()
@@ -58,17 +61,22 @@ def main() -> None:
 
     params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=1.0)
     with tempfile.TemporaryDirectory() as out:
-        trainer = OnlineGRPO(GRPOConfig(steps=ns.steps, groups_per_step=4, checkpoint_every=ns.steps), suite, out, k=4,
+        extra = {"share_prefix": ns.share_prefix} | ({"micro_batch": ns.micro_batch} if ns.micro_batch else {})
+        trainer = OnlineGRPO(GRPOConfig(steps=ns.steps, groups_per_step=4, checkpoint_every=ns.steps, **extra), suite, out, k=4,
                              tools=anyio.run(catalog), sampling={"act": params, "rehearse": params})
         trainer.policy.prefix_cache.max_tokens = ns.prefix_cache_tokens
         weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         update = trainer.update
 
+        update_seconds = []
+
         def phased_update(groups):
             sampler.phase = "update"
+            began = time.perf_counter()
             try:
                 return update(groups)
             finally:
+                update_seconds.append(time.perf_counter() - began)
                 sampler.phase = "rollouts"
 
         trainer.update = phased_update
@@ -80,7 +88,8 @@ def main() -> None:
     sampler.thread.join()
     gb = 1024**3
     print(f"online GRPO, embedded SmolLM2-135M fp32 + LoRA, {ns.steps} steps x 16 simulated runs, "
-          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {ns.prefix_cache_tokens} tokens ({wall:.0f} s)")
+          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {ns.prefix_cache_tokens} tokens, "
+          f"{extra or 'default micro-batches'} ({wall:.0f} s, updates {', '.join(f'{t:.0f}' for t in update_seconds)} s)")
     print(f"  model weights (baseline): {weights / gb:.2f} GB")
     for phase in ("load", "rollouts", "update"):
         if phase in sampler.peaks:

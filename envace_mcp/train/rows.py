@@ -3,6 +3,8 @@ logprobs recorded when it was sampled, its run's reward and its group; and batch
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -191,3 +193,21 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B,
     from envace_mcp.train.grpo import token_logprobs
 
     return token_logprobs(forward_logits(model, batch), batch.targets, batch.temperature)  # [B, T]
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the last forward/backward back to the OS. glibc keeps freed heap blocks
+    for reuse, and packed micro-batches of varying lengths leave them in sizes the next pass cannot
+    use: RSS then grows well past what is live (a packed SFT batch: 6.4 GB RSS for 2.5 GB live).
+    No-op off glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
