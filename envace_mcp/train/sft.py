@@ -95,8 +95,11 @@ class SFTConfig:
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     seed: int = 0
     max_grad_norm: float = 1.0
-    micro_batch: int = 0
-    """Rows per forward pass (gradients accumulate over the batch); 0 = the whole batch."""
+    micro_batch: int = 4
+    """Rows per forward pass (gradients accumulate over the batch); 0 = the whole batch. Packing 16
+    rows of ~2k-token prompts in one pass peaked at 8.5-10 GB RSS (32-48 bank rows, bf16); 4 per
+    pass: 3.2 GB and faster (216 vs 262 s on 32 rows) — attention over a longer packed sequence costs
+    more than the prefix it saves."""
     share_prefix: bool = True
     """Pack each micro-batch into one sequence with the prompt prefix its rows share once (exact):
     batches are cut in prompt order, so 16 rows share the system prompt + tool schemas and often the
