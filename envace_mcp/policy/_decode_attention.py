@@ -194,11 +194,17 @@ def _register() -> bool:
     return True
 
 
+def base_model(model: Any) -> Any:
+    """The transformers model inside DistributedDataParallel and/or a peft wrapper (or `model` itself)."""
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def use_for_decoding(model: Any) -> bool:
     """Switch a CPU model that runs transformers' `sdpa` attention to `decode_attention`; True if switched.
 
     Models on other devices or with another attention implementation are left alone."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     config = getattr(base, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(base, "set_attn_implementation"):
         return False

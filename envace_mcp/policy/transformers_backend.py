@@ -119,6 +119,12 @@ class TransformersPolicy(PromptPolicy):
         self.batcher: Batcher[_Job, RawCompletion] = Batcher(self.generate_batch, max_batch=max_batch_size,
                                                              window_s=batch_window_s, stream=self.stream)
 
+    def wait_idle(self) -> None:
+        """Block until no generation runs. A stream's worker thread delivers its last result before it
+        leaves its stream (and the merged LoRA weights); change the weights only after this returns."""
+        with self._lock:
+            pass
+
     # ------------------------------------------------------------------ loading
 
     @classmethod

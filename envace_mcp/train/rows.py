@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from envace_mcp.policy._decode_attention import NAME as ATTENTION_NAME
-from envace_mcp.policy._decode_attention import PACKED_KW, PackedRows, use_for_decoding
+from envace_mcp.policy._decode_attention import PACKED_KW, PackedRows, base_model, use_for_decoding
 from envace_mcp.traces.schema import Trace
 
 ROLE_INDEX = {"act": 0, "rehearse": 1, "critique": 2}
@@ -166,17 +166,14 @@ def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B,
 
 
 def _takes_packed_rows(model: Any) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base = getattr(base, "module", base)  # DistributedDataParallel
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    return getattr(getattr(base, "config", None), "_attn_implementation", None) == ATTENTION_NAME
+    return getattr(getattr(base_model(model), "config", None), "_attn_implementation", None) == ATTENTION_NAME
 
 
 def prepare_for_training(model: Any, gradient_checkpointing: bool) -> None:
     """Gradient checkpointing keeps one decoder layer's activations at a time (recomputed in backward):
     ~2 MB per token for SmolLM2's 30 layers otherwise, and tool-schema prompts are ~2k tokens.
     CPU models on `sdpa` attention switch to ours, which attends packed rows part by part."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     use_for_decoding(base)
     renamed = hasattr(base, "activation_checkpointing_enable")  # transformers >= 5.2x renamed the API
     if gradient_checkpointing and getattr(base, "supports_gradient_checkpointing", False):
@@ -211,3 +208,10 @@ def release_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def after_backward(rows: int, share_prefix: bool) -> None:
+    """Called after each training pass's backward: a pass that packed several rows into one sequence
+    hands its freed heap back (`release_freed_memory`); one-row passes have steady sizes and skip it."""
+    if share_prefix and rows > 1:
+        release_freed_memory()

@@ -22,11 +22,11 @@ import torch
 from envace_mcp.traces.schema import Trace
 from envace_mcp.train.rows import (
     Segment,
+    after_backward,
     collate,
     forward_logits,
     prefix_order,
     prepare_for_training,
-    release_freed_memory,
 )
 
 
@@ -163,8 +163,7 @@ def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *
                 piece = sft_loss(model, part, pad_id, share_prefix=config.share_prefix, bf16=config.bf16) * weight
                 piece.backward()
                 loss = loss + piece.detach().float()
-                if config.share_prefix:
-                    release_freed_memory()
+                after_backward(micro, config.share_prefix)
             norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
             optimizer.step()
             step += 1

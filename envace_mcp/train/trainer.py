@@ -27,11 +27,11 @@ from envace_mcp.train.sft import sft_loss
 from envace_mcp.train.rows import (
     ROLE_INDEX,
     Segment,
+    after_backward,
     batch_logprobs,
     collate,
     prefix_order,
     prepare_for_training,
-    release_freed_memory,
     segments,
 )
 
@@ -312,8 +312,7 @@ class OfflineGRPO:
                     for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
                         sums[key] += metrics[key] * metrics["tokens"]
                     sums["loss"] += float(loss.detach()) * scale
-                if config.share_prefix and config.micro_batch > 1:
-                    release_freed_memory()
+                after_backward(config.micro_batch, config.share_prefix)
         norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
         self.optimizer.step()
         self.step += 1
@@ -430,8 +429,7 @@ class OnlineGRPO(OfflineGRPO):
 
         traces = anyio.run(collect)  # train_step is synchronous; rollouts run on their own event loop
         backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
-        with backend._lock:  # the last stream's worker thread may still be winding down after its last result
-            pass
+        backend.wait_idle()  # the last stream's worker thread may still be winding down after its last result
         # the update makes the cached keys/values stale (the cache would drop them at the next
         # generation); freed now, so the update's activations never sit next to them (peak memory)
         backend.prefix_cache.clear()
