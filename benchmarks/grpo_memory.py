@@ -61,7 +61,9 @@ def main() -> None:
 
     params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=1.0)
     with tempfile.TemporaryDirectory() as out:
-        extra = {"share_prefix": ns.share_prefix} | ({"micro_batch": ns.micro_batch} if ns.micro_batch else {})
+        # every segment through the model, whatever the rewards: the update's worst case, not the luck of the draw
+        extra = {"share_prefix": ns.share_prefix, "skip_zero_advantage": False}
+        extra |= {"micro_batch": ns.micro_batch} if ns.micro_batch else {}
         trainer = OnlineGRPO(GRPOConfig(steps=ns.steps, groups_per_step=4, checkpoint_every=ns.steps, **extra), suite, out, k=4,
                              tools=anyio.run(catalog), sampling={"act": params, "rehearse": params})
         trainer.policy.prefix_cache.max_tokens = ns.prefix_cache_tokens

@@ -131,3 +131,34 @@ def test_kill_9_mid_training_then_the_same_command_resumes_to_the_parameters_of_
     assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
     steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]  # steps redone after the checkpoint are logged once
+
+
+def test_segments_with_zero_advantage_are_left_out_of_the_passes_and_the_update_is_the_same(tiny_dir, tmp_path):
+    from dataclasses import replace
+
+    from envace_mcp.train.trainer import step_advantages
+
+    results = {}
+    for skip in (False, True):
+        t = trainer(tiny_dir, tmp_path / str(skip), skip_zero_advantage=skip)
+        group = t.groups[0]
+        rehearsing = {r.run_id for r in group if r.role == "rehearse"}
+        # the runs that rehearsed score alike (their rehearsals get advantage 0), the others differ
+        others = sorted({r.run_id for r in group} - rehearsing)
+        reward = {run: 1.0 for run in rehearsing} | {run: float(i % 2) for i, run in enumerate(others)}
+        group = [replace(r, reward=reward[r.run_id]) for r in group]
+        advantages = step_advantages([group], t.config)
+        zero = int((advantages == 0).sum())
+        assert 0 < zero < len(group)  # both kinds in the step
+        start, passes = trainable(t), []
+        hook = t.model.register_forward_pre_hook(lambda *_: passes.append(1))
+        record = t.update([group])
+        hook.remove()
+        assert any(not torch.equal(start[n], p) for n, p in trainable(t).items())  # it did train
+        results[skip] = (trainable(t), record, len(passes))
+    (full, full_record, full_passes), (lean, lean_record, lean_passes) = results[False], results[True]
+    assert all(torch.allclose(full[n], lean[n], rtol=0, atol=1e-7) for n in full)
+    assert lean_record["loss"] == pytest.approx(full_record["loss"], abs=1e-7)
+    assert lean_record["grad_norm"] == pytest.approx(full_record["grad_norm"], rel=1e-5)
+    assert lean_record["scored_tokens"] < full_record["scored_tokens"] == full_record["tokens"]
+    assert lean_passes < full_passes  # micro_batch 2: fewer packed passes for the same update
