@@ -110,3 +110,13 @@ def test_policy_try_prints_the_embedded_models_rehearsal_beside_the_real_result(
     assert out.returncode == 0, out.stderr
     assert "rehearsed by SmolLM2-135M-Instruct (embedded)" in out.stdout and "real result from bank" in out.stdout
     assert "fidelity:" in out.stdout and '"to_balance"' in out.stdout
+
+
+def test_the_embedded_model_comes_with_its_shipped_adapter_unless_told_none():
+    from envace_mcp.cli._common import _adapter
+    from envace_mcp.policy.embedded import EMBEDDED_ADAPTER
+
+    assert _adapter(None, None) == str(EMBEDDED_ADAPTER)  # embedded model: the shipped adapter
+    assert _adapter(None, "none") is None and _adapter(None, "None") is None
+    assert _adapter("some/model", None) is None  # another model: nothing stacked on it unasked
+    assert _adapter("some/model", "my-adapter") == "my-adapter" == _adapter(None, "my-adapter")

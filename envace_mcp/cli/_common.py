@@ -55,6 +55,21 @@ def _catalog_table(catalog: Any) -> Table:
     return table
 
 
+AdapterOpt = Annotated[Optional[str], typer.Option(
+    help="a LoRA adapter folder; with the embedded model the shipped bank adapter is the default, 'none' for the bare model")]
+
+
+def _adapter(model: str | None, adapter: str | None) -> str | None:
+    """The adapter to load: 'none' = no adapter; unset = the shipped one for the embedded model, none otherwise."""
+    if adapter is not None:
+        return None if adapter.lower() == "none" else adapter
+    if model is None:
+        from envace_mcp.policy.embedded import embedded_adapter
+
+        return str(embedded_adapter())
+    return None
+
+
 def _fail(exc: Exception) -> None:
     console.print(f"[bold red]error:[/] {exc}")
     raise typer.Exit(2)

@@ -11,7 +11,9 @@ import anyio
 import typer
 
 from envace_mcp.cli._common import (
+    AdapterOpt,
     ServersOpt,
+    _adapter,
     _bundled_config,
     _catalog_table,
     _fail,
@@ -30,7 +32,7 @@ def demo(
     task_id: Annotated[Optional[str], typer.Option("--task", help="a task id (default: a simple test task)")] = None,
     transport: Annotated[str, typer.Option(help="stdio or http")] = "stdio",
     model: Annotated[Optional[str], typer.Option(help="Hugging Face id or folder (default: embedded SmolLM2)")] = None,
-    adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder")] = None,
+    adapter: AdapterOpt = None,
     reference: Annotated[bool, typer.Option("--reference", help="replay the reference solution instead of the agent")] = False,
     rehearse: Annotated[int, typer.Option(help="imagined runs before the real one (test-time rehearsal)")] = 0,
     max_steps: int = 4,
@@ -72,7 +74,7 @@ def demo(
 
                 with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
                     try:
-                        policy = load_policy(model, adapter=adapter)
+                        policy = load_policy(model, adapter=_adapter(model, adapter))
                     except EnvaceError as exc:
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
@@ -104,7 +106,7 @@ def run_command(
     task: Annotated[str, typer.Argument(help="what the agent should do")],
     servers: ServersOpt = None,
     model: Annotated[Optional[str], typer.Option(help="Hugging Face id or folder (default: embedded SmolLM2)")] = None,
-    adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder")] = None,
+    adapter: AdapterOpt = None,
     mode: Annotated[str, typer.Option(help="real, simulated or mixed")] = "real",
     rehearse: Annotated[int, typer.Option(help="imagined runs before the real one (test-time rehearsal)")] = 0,
     strategy: Annotated[str, typer.Option(help="parallel or sequential test-time rehearsal")] = "parallel",
@@ -136,7 +138,7 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=adapter)
+            policy = load_policy(model, adapter=_adapter(model, adapter))
         except EnvaceError as exc:
             _fail(exc)
     try:

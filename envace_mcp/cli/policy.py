@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import anyio
 import typer
 
-from envace_mcp.cli._common import _fail, _suite, console, policy_app
+from envace_mcp.cli._common import AdapterOpt, _adapter, _fail, _suite, console, policy_app
 from envace_mcp.errors import EnvaceError
 
 
@@ -20,7 +20,7 @@ def policy_try(
     args: Annotated[Optional[str], typer.Option(help="JSON arguments (default: the task's reference call)")] = None,
     task_id: Annotated[Optional[str], typer.Option("--task", help="task whose world and history to use")] = None,
     model: Annotated[Optional[str], typer.Option(help="Hugging Face id or local folder (default: embedded SmolLM2)")] = None,
-    adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder to stack on the model")] = None,
+    adapter: AdapterOpt = None,
     max_new_tokens: int = 160,
     temperature: float = 0.0,
     seed: int = 0,
@@ -64,7 +64,7 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=adapter)
+            policy = load_policy(model, adapter=_adapter(model, adapter))
         except EnvaceError as exc:
             _fail(exc)
     params = SamplingParams(**sampling)

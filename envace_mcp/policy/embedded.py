@@ -27,6 +27,19 @@ CACHE_FORMAT = 2
 MARKER = "envace-cache.json"
 
 
+EMBEDDED_ADAPTER = Path(__file__).parent / "adapters" / "smollm2-bank"
+"""The LoRA adapter shipped for the embedded model (trained on the bundled bank suite's reference
+runs; how, with the exact commands and held-out scores, in its README.md). `envace demo`, `envace run`
+and `envace policy try` load it with the embedded model unless told `--adapter none`."""
+
+
+def embedded_adapter() -> Path:
+    """The shipped adapter's folder (see `EMBEDDED_ADAPTER`)."""
+    if not (EMBEDDED_ADAPTER / "adapter_model.safetensors").exists():
+        raise UserError(f"the embedded model's adapter is missing from {EMBEDDED_ADAPTER}; reinstall envace-mcp")
+    return EMBEDDED_ADAPTER
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("ENVACE_CACHE") or Path.home() / ".cache" / "envace-mcp")
 

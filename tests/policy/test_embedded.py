@@ -45,3 +45,30 @@ async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logp
         assert smol.tokenizer.decode(gen.completion_ids).startswith(gen.text)
         fresh = smol.score(gen.prompt_ids, gen.completion_ids, temperature=1.0)
         assert max(abs(a - b) for a, b in zip(fresh, gen.logprobs)) < 1e-4
+
+
+async def test_the_shipped_adapter_makes_the_embedded_agent_call_the_reference_tool(smol):
+    """The adapter that ships with the package (what `envace demo` loads) against the bare model, both
+    greedy, through the whole graph on the demo's task and the real in-process bank server."""
+    from envace_mcp.eval import get_suite, run_task
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.policy.embedded import embedded_adapter
+    from envace_mcp.toolbox import Toolbox
+
+    suite = get_suite("bank")
+    task = suite.split("test")[0]  # the demo's default task: a balance question
+    want = task.actions[0]
+    greedy = SamplingParams(max_new_tokens=64, temperature=0.0)
+    tuned = load_policy(None, adapter=embedded_adapter())
+    assert type(tuned.model).__name__.startswith("PeftModel")
+    first_calls = []
+    async with Toolbox({suite.name: suite.build_server()}) as toolbox:
+        for policy in (smol, tuned):
+            run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=GateConfig(max_steps=1, rehearse="all"),
+                                 sampling={"act": greedy, "rehearse": greedy})
+            first_calls.append(next(((s.tool, s.arguments) for s in run.trace.steps if s.role == "tool"), None))
+            if policy is tuned:  # its rehearsal of that call is a usable prediction, not a parse failure
+                rehearsal = next(s for s in run.trace.steps if s.role == "rehearse")
+                assert (rehearsal.parsed or {}).get("status") == "result"
+    assert first_calls[0] is None  # the bare model calls no tool (measured: 0 of 12 test tasks)
+    assert first_calls[1] == (want.tool, want.arguments)
