@@ -34,7 +34,7 @@ import torch
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy._batching import Batcher, ListFeed
-from envace_mcp.policy._decode_attention import PREFIX_KW, SharedPrefixes, use_for_decoding
+from envace_mcp.policy._decode_attention import PREFIX_KW, SharedPrefixes, base_model, use_for_decoding
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, plain_chat
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
@@ -96,7 +96,7 @@ class TransformersPolicy(PromptPolicy):
         self.eos_ids = self._eos_ids()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = base_model(model)
         # transformers 5.2x renamed `past_key_values` to `cache`; accept both generations of the API
         self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.plain_cache = _plain_layers(model.config)

@@ -284,8 +284,8 @@ class OfflineGRPO:
             return record
         scored, scored_adv = rows, advantages
         if config.beta == 0 and config.skip_zero_advantage:  # without KL: exactly 0 loss and gradient
-            keep = (advantages != 0).tolist()
-            scored, scored_adv = [r for r, k in zip(rows, keep) if k], advantages[torch.tensor(keep, dtype=torch.bool)]
+            keep = advantages != 0  # [S]
+            scored, scored_adv = [r for r, k in zip(rows, keep.tolist()) if k], advantages[keep]
         self.engine.train()
         self.optimizer.zero_grad()
         # the same keys on every rank (their sums are all-reduced together), even on a rank with no rows
