@@ -157,7 +157,10 @@ class TransformersPolicy(PromptPolicy):
         if adapter is not None:
             from peft import PeftModel
 
-            lm = PeftModel.from_pretrained(lm, str(adapter))
+            try:
+                lm = PeftModel.from_pretrained(lm, str(adapter))
+            except (OSError, ValueError) as exc:  # no adapter_config.json there, or not an adapter of this model
+                raise UserError(f"could not load adapter {str(adapter)!r}: {exc}") from exc
         lm.to(device).eval()
         return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
 

@@ -72,3 +72,10 @@ async def test_the_shipped_adapter_makes_the_embedded_agent_call_the_reference_t
                 assert (rehearsal.parsed or {}).get("status") == "result"
     assert first_calls[0] is None  # the bare model calls no tool (measured: 0 of 12 test tasks)
     assert first_calls[1] == (want.tool, want.arguments)
+
+
+def test_a_missing_adapter_folder_is_a_clear_error(tmp_path):
+    from envace_mcp.errors import UserError
+
+    with pytest.raises(UserError, match="could not load adapter .*adapter_config.json"):
+        load_policy(None, adapter=tmp_path / "no-such-adapter")
