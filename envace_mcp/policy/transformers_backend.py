@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
@@ -27,14 +28,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy
 import torch
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy._batching import Batcher, ListFeed
-from envace_mcp.policy._decode_attention import PREFIX_KW, SharedPrefixes, base_model, use_for_decoding
+from envace_mcp.policy._decode_attention import PREFILL_KW, PREFIX_KW, SharedPrefixes, base_model, use_for_decoding
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, plain_chat
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
@@ -69,6 +70,10 @@ class TransformersPolicy(PromptPolicy):
         enable_thinking: passed to chat templates that have the switch (Qwen3).
         seed: seeds the per-request RNG used when a request has no seed of its own.
         prefix_cache_tokens: how many prompt tokens' keys/values to keep for reuse (0 disables).
+        kv_budget_gb: the most memory one decode batch's keys/values may take (GiB, padding included); a
+            request that would take the batch past it waits until rows leave. "auto": 2 GiB on CPU
+            (16 rows of 2.9k tokens for the embedded model in fp32, 5.8k in bf16), no limit on
+            accelerators (size it to the GPU). None: no limit beyond `max_batch_size`.
     """
 
     def __init__(
@@ -84,6 +89,7 @@ class TransformersPolicy(PromptPolicy):
         enable_thinking: bool = False,
         seed: int = 0,
         prefix_cache_tokens: int = 32768,
+        kv_budget_gb: float | Literal["auto"] | None = "auto",
     ) -> None:
         super().__init__(sampling=sampling, role_sampling=role_sampling)
         self.model = model
@@ -107,15 +113,27 @@ class TransformersPolicy(PromptPolicy):
         self.share_prefix = True
         """With `decode_attention`: a decode batch holds the prompt prefixes its rows share once (see
         `_DecodeBatch`); False gives every row its own copy (for comparisons)."""
+        self.split_prefill = True
+        """With `decode_attention`: a prompt's prefill attends to its reused prefix and to its own tokens in
+        two mask-free parts (`prefill_attention`); False hands it to `sdpa` with a mask (for comparisons)."""
         self.merge_lora = True
         """CPU generation under one plain LoRA adapter runs on merged copies of the adapted weights
         (see `_merged_lora`); False keeps peft's separate adapter path (for comparisons)."""
         _dense_head_input(model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        if kv_budget_gb == "auto":
+            kv_budget_gb = 2.0 if next(model.parameters()).device.type == "cpu" else None
+        self.kv_budget_gb: float | None = kv_budget_gb
+        """See the class docstring. Long multi-turn runs (the shipped bank adapter: up to 12 calls, ~5k-token
+        contexts) made 16 rows of fp32 keys/values (46 KB a token for the embedded model) the largest
+        cost of a GRPO step."""
         self.prefill_stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                                                "decode_steps": 0, "decode_rows": 0}
+                                                "decode_steps": 0, "decode_rows": 0, "kv_waits": 0}
         """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent,
-        decode steps (forward passes) and the rows they fed (rows / steps: the mean batch)."""
+        decode steps (forward passes) and the rows they fed (rows / steps: the mean batch), requests that
+        waited for room under `kv_budget_tokens`."""
+        self.kv_peak_slots = 0
+        """The most key/value slots a decode batch held (`_DecodeBatch.slots`), for benchmarks and tests."""
         self.batcher: Batcher[_Job, RawCompletion] = Batcher(self.generate_batch, max_batch=max_batch_size,
                                                              window_s=batch_window_s, stream=self.stream)
 
@@ -225,25 +243,36 @@ class TransformersPolicy(PromptPolicy):
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
         batch = _DecodeBatch(self.model, self._cache_kw, device, max_rows, joinable=self.plain_cache,
-                             shared_prefix=self.decode_attention and self.share_prefix)
+                             shared_prefix=self.decode_attention and self.share_prefix,
+                             budget_bytes=None if self.kv_budget_gb is None else self.kv_budget_gb * 2**30)
         if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
             max_rows = 1
         rows: list[_Row] = []
+        waiting: collections.deque[tuple[_Job, Any]] = collections.deque()  # taken, not admitted: over the KV budget
+        blocked = None  # the request now waiting for room (counted once)
         peak = 0
         while True:
             started = time.perf_counter()
-            took = []
-            if len(rows) < max_rows and (batch.joinable or not rows):
-                took = feed.take(max_rows - len(rows))
-            plans = [None] * len(took)
-            if took and batch.joinable:  # room for all first, then each prompt's keys/values go straight in
-                plans = batch.make_room([job.prompt_ids for job, _ in took],
-                                        [job.sampling.max_new_tokens for job, _ in took],
-                                        [row.remaining() for row in rows])
-            for (job, ticket), group in zip(took, plans):
+            if len(rows) + len(waiting) < max_rows and (batch.joinable or not rows):
+                waiting.extend(feed.take(max_rows - len(rows) - len(waiting)))
+            admitted = 0
+            while waiting and len(rows) < max_rows and (batch.joinable or not rows):
+                job, ticket = waiting[0]
+                remaining = [row.remaining() for row in rows]
+                if (rows and batch.budget is not None
+                        and batch.slots_with(job.prompt_ids, job.sampling.max_new_tokens, remaining) > batch.budget):
+                    if ticket != blocked:
+                        blocked = ticket
+                        self.prefill_stats["kv_waits"] += 1
+                    break  # first come, first served: it waits for rows to leave, and so do those behind it
+                waiting.popleft()
+                admitted += 1
+                # room first, then the prompt's keys/values go straight in (no prefilled copy next to a regrown batch)
+                group = batch.make_room([job.prompt_ids], [job.sampling.max_new_tokens], remaining)[0] if batch.joinable else None
                 try:
                     kv, logits, cache = self._prefill(job.prompt_ids, device)
                 except Exception as exc:  # this job fails; the others go on
+                    batch.forget(group)
                     feed.fail(ticket, exc)
                     continue
                 rows.append(_Row(job, ticket, numpy.random.default_rng(job.seed), logits))
@@ -253,8 +282,9 @@ class TransformersPolicy(PromptPolicy):
                     batch.start_alone(cache, len(job.prompt_ids))
             decode_started = time.perf_counter()
             self.prefill_stats["prefill_s"] += decode_started - started
+            self.kv_peak_slots = max(self.kv_peak_slots, batch.slots())
             if not rows:
-                if took:  # every job taken failed in prefill: look for more
+                if admitted or waiting:  # every job taken failed in prefill: look for more
                     continue
                 return peak
             if len(rows) > peak:
@@ -301,8 +331,10 @@ class TransformersPolicy(PromptPolicy):
         positions = torch.arange(reused, len(prompt_ids), device=device)[None, :]
         # logits of the last position only: the LM head over every prompt position would cost ~20 % of
         # the prefill's compute and a (prompt length x vocabulary) tensor (334 MB for 1,700 tokens, fp32)
+        # full-attention layers only: a sliding-window layer must not see the whole prefix (see prefill_attention)
+        split = {PREFILL_KW: reused} if plain and self.decode_attention and self.split_prefill else {}
         out = self.model(input_ids=rest, position_ids=positions, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: cache})
+                         **{self._cache_kw: cache}, **split)
         layers = _cache_layers(cache)
         if plain:
             self.prefix_cache.store(prompt_ids, layers, reused, source)
@@ -487,10 +519,14 @@ class _DecodeBatch:
     """More groups than this and a prompt joins the group it shares most with (if >= `min_shared`)."""
 
     def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
-                 shared_prefix: bool = False) -> None:
+                 shared_prefix: bool = False, budget_bytes: float | None = None) -> None:
         from transformers import DynamicCache
 
         self.model, self.cache_kw, self.device, self.max_rows = model, cache_kw, device, max_rows
+        self.budget_bytes = budget_bytes  # `TransformersPolicy.kv_budget_gb`
+        self.budget: int | None = None
+        """The budget in key/value slots (rows x columns + shared prefix tokens), once the first row's
+        keys/values tell the bytes a slot takes (all layers); None: no budget (or no row yet)."""
         self.cache = DynamicCache(config=model.config)
         self.joinable = joinable  # `_plain_layers(model.config)`
         self.keys: list[torch.Tensor] = []
@@ -520,6 +556,34 @@ class _DecodeBatch:
         self.seen = seen
         self._bind()
         return plans
+
+    def slots(self) -> int:
+        """Key/value token slots held: the buffers' rows x columns (padding included), and each shared
+        prefix once."""
+        return self.mask.shape[0] * self.mask.shape[1] + sum(len(group.ids) for group in self.groups)
+
+    def slots_with(self, prompt: list[int], new_tokens: int, remaining: list[int]) -> int:
+        """What `slots` would be, about, with one more row for `prompt` (without changing the batch):
+        the rows then in use times the columns they span, plus the shared prefixes."""
+        tail, prefix = len(prompt), 0
+        if self.shared_prefix:
+            best, share = None, 0
+            for group in self.groups:  # as `_group_for` decides, without shortening or creating a group
+                n = _common_prefix(group.ids, prompt, limit=len(prompt) - 1)
+                if n > share:
+                    best, share = group, n
+            full = len(self.groups) >= self.max_groups
+            if best is not None and share >= self.min_shared and (2 * share >= len(best.ids) or full):
+                tail = len(prompt) - share
+            elif not full and len(prompt) - 1 >= self.min_shared:
+                tail, prefix = 1, len(prompt) - 1
+        columns = max(self.seen, tail) + max([new_tokens, *remaining])
+        return (self.rows + 1) * columns + sum(len(group.ids) for group in self.groups) + prefix
+
+    def forget(self, group: _PrefixGroup | None) -> None:
+        """Drop a prefix group `make_room` made for a row that never came (its prefill failed)."""
+        if group is not None and not group.layers and all(g is not group for g in self.row_groups):
+            self.groups.remove(group)
 
     def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], group: _PrefixGroup | None = None) -> None:
         """Add one prefilled row (per-layer (1, kv heads, n, head dim)) right-aligned before `seen`; with
@@ -566,17 +630,17 @@ class _DecodeBatch:
 
     def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """Feed each row's last token; (rows, vocab) float32 logits for the next one."""
-        if self.joinable and self.seen + 1 > self.mask.shape[1]:
-            self._reserve(self.rows, self.seen + 1 + 64)
-            self._bind()
-        if self.mask.shape[1] <= self.seen:  # plain library cache: the mask grows with it
-            self.mask = torch.cat([self.mask, self.mask.new_zeros(self.mask.shape[0], 1)], dim=1)
         if self.rows == 1 and self.row_groups and self.row_groups[0] is not None:
             # one row left: the split attention only costs (~15 % of a one-row step); its prefix goes back in
             group = self.row_groups[0]
             self._shorten(group, 0)
             self.groups.remove(group)
             self.row_groups[0] = None
+        if self.joinable and self.seen + 1 > self.mask.shape[1]:
+            self._reserve(self.rows, self.seen + 1)
+            self._bind()
+        if self.mask.shape[1] <= self.seen:  # plain library cache: the mask grows with it
+            self.mask = torch.cat([self.mask, self.mask.new_zeros(self.mask.shape[0], 1)], dim=1)
         self.mask[: self.rows, self.seen] = 1
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)[:, None]
@@ -596,16 +660,21 @@ class _DecodeBatch:
         have_rows, have_cols = self.mask.shape
         if rows <= have_rows and columns <= have_cols:
             return
+        need_rows, need_cols = rows, columns
         rows = max(rows, min(2 * have_rows, self.max_rows))  # rows join one by one: grow by doubling
-        columns = max(columns, have_cols + have_cols // 4) if columns > have_cols else have_cols
+        columns = max(columns, have_cols + max(have_cols // 4, 64)) if columns > have_cols else have_cols
+        if self.budget is not None:  # slack only within the budget: a regrown buffer may drop rows no one uses
+            rows = max(need_rows, self.rows, min(rows, self.budget // max(columns, 1)))
+            columns = max(need_cols, min(columns, self.budget // max(rows, 1)))
         used = min(self.seen, have_cols)
         mask = self.mask.new_zeros((rows, columns))
         mask[: self.rows, :used] = self.mask[: self.rows, :used]
         self.mask = mask
-        for layer in getattr(self.cache, "layers", []):  # views of the old buffers: let each go once copied
-            if hasattr(layer, "bind"):
-                layer.keys = layer.values = layer.key_buf = layer.value_buf = None
+        self._unbind()  # views of the old buffers: let each go once copied
         if not self.keys:
+            if self.budget_bytes is not None and like:
+                slot = sum(k[0, :, 0].numel() * k.element_size() + v[0, :, 0].numel() * v.element_size() for k, v in like)
+                self.budget = max(1, int(self.budget_bytes // slot))
             for keys, values in like or []:
                 self.keys.append(keys.new_zeros((rows, keys.shape[1], columns, keys.shape[3])))
                 self.values.append(values.new_zeros((rows, values.shape[1], columns, values.shape[3])))
@@ -665,9 +734,11 @@ class _DecodeBatch:
 
     def _compact(self) -> None:
         """Drop leading columns no live row uses once they are most of the buffer (keeps steps cheap)."""
-        if not self.rows:
+        if not self.rows:  # drained: let the buffers go (the next row sizes new ones to what it needs)
             self.seen, self.starts, self.groups, self.row_groups = 0, [], [], []
-            self.mask.zero_()
+            self._unbind()
+            self.keys, self.values = [], []
+            self.mask = self.mask.new_zeros((0, 0))
             return
         cut = min(self.starts)
         if cut < self.compact_from or cut * 2 < self.seen:
@@ -678,7 +749,7 @@ class _DecodeBatch:
         """Move every live row's columns `by` to the right (negative: to the left), growing the buffers
         when needed; the columns left behind are masked (their stale keys/values get no weight)."""
         if by > 0:
-            self._reserve(self.rows, self.seen + by + 64)
+            self._reserve(self.rows, self.seen + by)
         source, target = slice(max(-by, 0), self.seen), slice(max(by, 0), self.seen + by)
         for buf in (*self.keys, *self.values):
             buf[: self.rows, :, target] = buf[: self.rows, :, source].clone()
@@ -687,6 +758,11 @@ class _DecodeBatch:
         self.mask[: self.rows, vacated] = 0
         self.seen += by
         self.starts = [s + by for s in self.starts]
+
+    def _unbind(self) -> None:
+        for layer in getattr(self.cache, "layers", []):
+            if hasattr(layer, "bind"):
+                layer.keys = layer.values = layer.key_buf = layer.value_buf = None
 
     def _bind(self) -> None:
         """Point the cache's layers at the live rows' columns."""

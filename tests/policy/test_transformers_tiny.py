@@ -240,6 +240,87 @@ def test_finished_rows_leave_the_decode_batch_and_the_rest_decode_as_if_alone(po
         assert max(abs(a - b) for a, b in zip(fresh, got.logprobs)) < 1e-4
 
 
+def test_a_kv_budget_makes_requests_wait_for_room_and_they_still_decode_as_if_alone(policy, monkeypatch):
+    from envace_mcp.policy.transformers_backend import _Job
+
+    prompts = [policy.encode(policy.render([{"role": "user", "content": "word " * (3 * i + 1)}], None))
+               for i in range(6)]
+    jobs = [_Job(ids, SamplingParams(max_new_tokens=3 + 5 * i, temperature=0.9, stop=()), seed=i)
+            for i, ids in enumerate(prompts)]
+    longest = max(len(ids) for ids in prompts) + 28
+    budget = 2 * longest + 10  # key/value slots for about two rows at a time
+    config = policy.model.config
+    slot = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 4  # bytes, fp32
+    widths: list[int] = []
+    hook = policy.model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    monkeypatch.setattr(policy, "kv_budget_gb", (budget + 0.5) * slot / 2**30)
+    monkeypatch.setattr(policy, "kv_peak_slots", 0)
+    waits = policy.prefill_stats["kv_waits"]
+    try:
+        together = policy.generate_batch(jobs)
+    finally:
+        hook.remove()
+    assert policy.prefill_stats["kv_waits"] > waits
+    assert 0 < policy.kv_peak_slots <= budget  # the buffers' slack stays inside the budget too
+    assert max(widths) in (2, 3)  # never all six rows (without the budget the batch decodes six: test above)
+    for job, got in zip(jobs, together):  # every request came back, as it would alone
+        alone = policy.generate_batch([job])[0]
+        assert got.completion_ids == alone.completion_ids
+        assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) < 1e-4
+    monkeypatch.setattr(policy, "kv_budget_gb", 1e-9)  # smaller than any one row: one row at a time, no deadlock
+    assert [r.completion_ids for r in policy.generate_batch(jobs[:3])] == [r.completion_ids for r in together[:3]]
+
+
+@pytest.mark.parametrize("cached", [0, 5, 40])
+def test_a_prefill_after_a_reused_prefix_attends_in_two_parts_that_equal_the_masked_sdpa(cached):
+    import torch.nn.functional as F
+
+    from envace_mcp.policy._decode_attention import prefill_attention
+
+    torch.manual_seed(cached)
+    heads, kv_heads, dim, new = 6, 2, 16, 11
+    query = torch.randn(1, heads, new, dim)
+    keys, values = torch.randn(1, kv_heads, cached + new, dim), torch.randn(1, kv_heads, cached + new, dim)
+    mask = torch.ones(new, cached + new, dtype=torch.bool).tril(diagonal=cached)  # every cached key, own causally
+    want = F.scaled_dot_product_attention(query, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1),
+                                          attn_mask=mask, scale=0.3)
+    got = prefill_attention(query, keys, values, cached, 0.3)
+    assert got.shape == (1, new, heads, dim)
+    assert torch.allclose(got, want.transpose(1, 2), atol=1e-5)
+
+
+def test_prefills_that_reuse_the_prefix_cache_take_the_split_attention_and_match_sdpa(tiny_qwen3_dir, monkeypatch):
+    from envace_mcp.policy import _decode_attention
+
+    policy = load_policy(str(tiny_qwen3_dir))
+    calls = []
+    original = _decode_attention.prefill_attention
+    monkeypatch.setattr(_decode_attention, "prefill_attention",
+                        lambda q, k, v, cached, scale: calls.append(cached) or original(q, k, v, cached, scale))
+    base = "word " * 40
+    first, second = (policy.encode(policy.render([{"role": "user", "content": base + tail}], None))
+                     for tail in ("alpha beta", "gamma delta epsilon"))
+    logits = {}
+    for split in (True, False):
+        policy.split_prefill = split
+        policy.prefix_cache.clear()
+        with torch.inference_mode():
+            policy._prefill(first, torch.device("cpu"))
+            logits[split] = policy._prefill(second, torch.device("cpu"))[1]
+    layers = policy.model.config.num_hidden_layers
+    shared = _shared(first, second)  # what the second prompt reuses from the first
+    assert shared > 40 and calls == [0] * layers + [shared] * layers
+    assert torch.allclose(logits[True], logits[False], atol=1e-5)
+
+
+def _shared(a, b):
+    n = 0
+    while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def test_one_token_steps_use_packed_attention_that_equals_sdpa(tiny_qwen3_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
