@@ -5,13 +5,8 @@ transformers' `sdpa` attention, decoding one token with no mask (one row, nothin
 tokens, where packing the query heads of each key/value head into one block of queries (what
 transformers itself does when a mask is present) takes 0.18 ms — a third of a single-row decode
 step for the embedded model. This module registers an attention function that packs in every
-one-token CPU case and hands every other call (training, GPUs) to transformers' own `sdpa`, except
-the two below. The kernel and its float32 accumulation are PyTorch's, as before: only the layout changes.
-
-A prompt prefilled after a reused prefix (the prefix cache) passes the reused length as `envace_prefill`:
-its new tokens attend to the reused keys without a mask and to each other with `is_causal`, instead of
-through a (new x all) boolean mask that makes the CPU flash kernel visit and mask every block
-(`prefill_attention`).
+one-token CPU case and hands every other call (prefill, training, GPUs) to transformers' own `sdpa`.
+The kernel and its float32 accumulation are PyTorch's, as before: only the layout changes.
 
 A decode batch whose rows start with the same prompt prefix (GRPO rollouts: each role's system prompt
 and tool schemas, ~1,400 tokens) keeps that prefix's keys/values once (`SharedPrefixes`, one per group
@@ -47,12 +42,6 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     packed: PackedRows | None = kwargs.pop(PACKED_KW, None)
     if packed is not None:
         return packed.attend(module, query, key, value, dropout, scaling, **kwargs), None
-    cached: int | None = kwargs.pop(PREFILL_KW, None)
-    if (cached is not None and _FLASH is not None and query.device.type == "cpu" and query.shape[0] == 1 and not dropout
-            and key.shape[2] == cached + query.shape[2] and query.shape[1] % key.shape[1] == 0
-            and kwargs.get("softcap") is None and getattr(module, "sinks", None) is None
-            and getattr(module, "sliding_window", None) is None):
-        return prefill_attention(query, key, value, cached, scaling), None
     prefix: SharedPrefixes | None = kwargs.pop(PREFIX_KW, None)
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
@@ -77,43 +66,11 @@ PREFIX_KW = "envace_prefix"
 """Keyword a decode step passes its `SharedPrefixes` under (transformers hands model keywords down to
 the attention function)."""
 
-PREFILL_KW = "envace_prefill"
-"""Keyword a one-prompt prefill passes the number of cached (reused) prompt tokens under: its new tokens
-see every cached key and, causally, each other (`prefill_attention`)."""
-
 PACKED_KW = "envace_packed"
 """Keyword a packed training forward passes its `PackedRows` under."""
 
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp a split softmax needs."""
-
-
-def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cached: int,
-                      scale: float | None) -> torch.Tensor:
-    """Attention of one prompt's new tokens after `cached` reused ones, in two mask-free parts.
-
-    query (1, H, N, D), key/value (1, KV, cached + N, D) -> (1, N, H, D). transformers hands such a
-    prefill a (N, cached + N) boolean mask (PyTorch's `is_causal` aligns the diagonal top-left, not
-    bottom-right), and the CPU flash kernel then reads the mask for every block and skips none. Here the
-    new tokens attend to the cached keys with no mask at all, with the query heads of each key/value head
-    packed into one block (the cached keys are read once, not once per query head), and to each other
-    with `is_causal`, which skips the blocks above the diagonal; the two softmaxes are merged by their
-    log-sum-exps, as `SharedPrefixes.attend` does for decode steps."""
-    _, heads, n, dim = query.shape
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
-    own_k, own_v = key[:, :, cached:], value[:, :, cached:]
-    if group > 1:  # transformers' repeat_kv order: query head h reads key/value head h // group
-        own_k, own_v = own_k.repeat_interleave(group, dim=1), own_v.repeat_interleave(group, dim=1)
-    own, own_lse = _FLASH(query, own_k, own_v, is_causal=True, scale=scale)[:2]  # (1, H, N, D), (1, H, N)
-    if not cached:
-        return own.transpose(1, 2).contiguous()
-    packed = query.reshape(1, kv_heads, group * n, dim)  # (1, KV, G*N, D): a key/value head's queries together
-    shared, shared_lse = _FLASH(packed, key[:, :, :cached], value[:, :, :cached], scale=scale)[:2]
-    shared, shared_lse = shared.reshape(1, heads, n, dim), shared_lse.reshape(1, heads, n)
-    weight = torch.sigmoid(shared_lse - own_lse).unsqueeze(-1)  # float32: shared's part of the total exp-sum
-    out = shared.float() * weight + own.float() * (1 - weight)
-    return out.to(query.dtype).transpose(1, 2).contiguous()
 
 
 class SharedPrefixes:

@@ -35,7 +35,7 @@ import torch
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy._batching import Batcher, ListFeed
-from envace_mcp.policy._decode_attention import PREFILL_KW, PREFIX_KW, SharedPrefixes, base_model, use_for_decoding
+from envace_mcp.policy._decode_attention import PREFIX_KW, SharedPrefixes, base_model, use_for_decoding
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, plain_chat
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
@@ -113,9 +113,6 @@ class TransformersPolicy(PromptPolicy):
         self.share_prefix = True
         """With `decode_attention`: a decode batch holds the prompt prefixes its rows share once (see
         `_DecodeBatch`); False gives every row its own copy (for comparisons)."""
-        self.split_prefill = True
-        """With `decode_attention`: a prompt's prefill attends to its reused prefix and to its own tokens in
-        two mask-free parts (`prefill_attention`); False hands it to `sdpa` with a mask (for comparisons)."""
         self.merge_lora = True
         """CPU generation under one plain LoRA adapter runs on merged copies of the adapted weights
         (see `_merged_lora`); False keeps peft's separate adapter path (for comparisons)."""
@@ -331,10 +328,8 @@ class TransformersPolicy(PromptPolicy):
         positions = torch.arange(reused, len(prompt_ids), device=device)[None, :]
         # logits of the last position only: the LM head over every prompt position would cost ~20 % of
         # the prefill's compute and a (prompt length x vocabulary) tensor (334 MB for 1,700 tokens, fp32)
-        # full-attention layers only: a sliding-window layer must not see the whole prefix (see prefill_attention)
-        split = {PREFILL_KW: reused} if plain and self.decode_attention and self.split_prefill else {}
         out = self.model(input_ids=rest, position_ids=positions, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: cache}, **split)
+                         **{self._cache_kw: cache})
         layers = _cache_layers(cache)
         if plain:
             self.prefix_cache.store(prompt_ids, layers, reused, source)

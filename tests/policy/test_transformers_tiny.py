@@ -272,55 +272,6 @@ def test_a_kv_budget_makes_requests_wait_for_room_and_they_still_decode_as_if_al
     assert [r.completion_ids for r in policy.generate_batch(jobs[:3])] == [r.completion_ids for r in together[:3]]
 
 
-@pytest.mark.parametrize("cached", [0, 5, 40])
-def test_a_prefill_after_a_reused_prefix_attends_in_two_parts_that_equal_the_masked_sdpa(cached):
-    import torch.nn.functional as F
-
-    from envace_mcp.policy._decode_attention import prefill_attention
-
-    torch.manual_seed(cached)
-    heads, kv_heads, dim, new = 6, 2, 16, 11
-    query = torch.randn(1, heads, new, dim)
-    keys, values = torch.randn(1, kv_heads, cached + new, dim), torch.randn(1, kv_heads, cached + new, dim)
-    mask = torch.ones(new, cached + new, dtype=torch.bool).tril(diagonal=cached)  # every cached key, own causally
-    want = F.scaled_dot_product_attention(query, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1),
-                                          attn_mask=mask, scale=0.3)
-    got = prefill_attention(query, keys, values, cached, 0.3)
-    assert got.shape == (1, new, heads, dim)
-    assert torch.allclose(got, want.transpose(1, 2), atol=1e-5)
-
-
-def test_prefills_that_reuse_the_prefix_cache_take_the_split_attention_and_match_sdpa(tiny_qwen3_dir, monkeypatch):
-    from envace_mcp.policy import _decode_attention
-
-    policy = load_policy(str(tiny_qwen3_dir))
-    calls = []
-    original = _decode_attention.prefill_attention
-    monkeypatch.setattr(_decode_attention, "prefill_attention",
-                        lambda q, k, v, cached, scale: calls.append(cached) or original(q, k, v, cached, scale))
-    base = "word " * 40
-    first, second = (policy.encode(policy.render([{"role": "user", "content": base + tail}], None))
-                     for tail in ("alpha beta", "gamma delta epsilon"))
-    logits = {}
-    for split in (True, False):
-        policy.split_prefill = split
-        policy.prefix_cache.clear()
-        with torch.inference_mode():
-            policy._prefill(first, torch.device("cpu"))
-            logits[split] = policy._prefill(second, torch.device("cpu"))[1]
-    layers = policy.model.config.num_hidden_layers
-    shared = _shared(first, second)  # what the second prompt reuses from the first
-    assert shared > 40 and calls == [0] * layers + [shared] * layers
-    assert torch.allclose(logits[True], logits[False], atol=1e-5)
-
-
-def _shared(a, b):
-    n = 0
-    while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def test_one_token_steps_use_packed_attention_that_equals_sdpa(tiny_qwen3_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
