@@ -4,8 +4,11 @@ What `envace train grpo --suite bank --k 4` does for `--steps` steps (4 groups o
 step, fp32, LoRA, gradient checkpointing), with a sampler thread reading this process's RSS every
 50 ms. The baseline is the model's own weights (what any trainer holds at least).
 
-    python benchmarks/grpo_memory.py [--steps 2] [--max-new-tokens 96] [--prefix-cache-tokens 32768]
-                                     [--share-prefix --micro-batch 4]
+    python benchmarks/grpo_memory.py [--steps 2] [--max-new-tokens 96] [--prefix-cache-tokens N]
+                                     [--share-prefix --micro-batch 4] [--adapter embedded|DIR]
+
+`--adapter embedded` starts from the shipped bank adapter: its runs go on for up to 12 calls (~5k-token
+contexts), where the bare model's end after a call or two — the long-run case.
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--prefix-cache-tokens", type=int, default=32768)
+    parser.add_argument("--prefix-cache-tokens", type=int, default=None,
+                        help="the rollout prefix cache (default: GRPOConfig.rollout_prefix_cache_tokens)")
     parser.add_argument("--share-prefix", action="store_true", help="GRPOConfig.share_prefix (packed micro-batches)")
     parser.add_argument("--micro-batch", type=int, default=None, help="GRPOConfig.micro_batch (default: its default)")
+    parser.add_argument("--adapter", default=None, help="start from this LoRA adapter ('embedded': the shipped one)")
+    parser.add_argument("--skip-zero-advantage", action="store_true",
+                        help="GRPOConfig.skip_zero_advantage (off here: every segment goes through the update)")
     ns = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sampler = Sampler()
@@ -62,11 +69,16 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=1.0)
     with tempfile.TemporaryDirectory() as out:
         # every segment through the model, whatever the rewards: the update's worst case, not the luck of the draw
-        extra = {"share_prefix": ns.share_prefix, "skip_zero_advantage": False}
+        extra = {"share_prefix": ns.share_prefix, "skip_zero_advantage": ns.skip_zero_advantage}
         extra |= {"micro_batch": ns.micro_batch} if ns.micro_batch else {}
+        if ns.adapter:
+            from envace_mcp.policy.embedded import embedded_adapter
+
+            extra["adapter"] = str(embedded_adapter()) if ns.adapter == "embedded" else ns.adapter
         trainer = OnlineGRPO(GRPOConfig(steps=ns.steps, groups_per_step=4, checkpoint_every=ns.steps, **extra), suite, out, k=4,
                              tools=anyio.run(catalog), sampling={"act": params, "rehearse": params})
-        trainer.policy.prefix_cache.max_tokens = ns.prefix_cache_tokens
+        if ns.prefix_cache_tokens is not None:
+            trainer.policy.prefix_cache.max_tokens = ns.prefix_cache_tokens
         weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         update = trainer.update
 
@@ -90,7 +102,8 @@ def main() -> None:
     sampler.thread.join()
     gb = 1024**3
     print(f"online GRPO, embedded SmolLM2-135M fp32 + LoRA, {ns.steps} steps x 16 simulated runs, "
-          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {ns.prefix_cache_tokens} tokens, "
+          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {trainer.policy.prefix_cache.max_tokens} tokens, "
+          f"KV budget {trainer.policy.kv_budget_gb} GB, "
           f"{extra or 'default micro-batches'} ({wall:.0f} s, updates {', '.join(f'{t:.0f}' for t in update_seconds)} s)")
     print(f"  model weights (baseline): {weights / gb:.2f} GB")
     for phase in ("load", "rollouts", "update"):

@@ -210,6 +210,24 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def cap_heap_blocks(megabytes: float | None) -> bool:
+    """Serve every allocation of `megabytes` or more with its own mmap, returned to the OS when freed
+    (glibc's M_MMAP_THRESHOLD; process-wide from now on). glibc's default threshold rises to 32 MB as
+    large blocks are freed, and after that activations come from the heap, whose freed blocks are kept:
+    inside one packed pass RSS then grows far past what is live — a 3,152-token GRPO micro-batch of long
+    bank runs: +2.84 GB after the forward with 0.32 GB saved for backward, +0.78 GB with a 1 MB
+    threshold (`malloc_trim` after the pass cannot help the pass's own peak). The price is fresh pages
+    for each large tensor (page faults): a packed SFT batch ran 89 s instead of 67 s. None: leave glibc's
+    default. Returns whether it was set (False off glibc)."""
+    if megabytes is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(-3, int(megabytes * 2**20)))  # M_MMAP_THRESHOLD
+
+
 def after_backward(rows: int, share_prefix: bool) -> None:
     """Called after each training pass's backward: a pass that packed several rows into one sequence
     hands its freed heap back (`release_freed_memory`); one-row passes have steady sizes and skip it."""

@@ -23,6 +23,7 @@ from envace_mcp.traces.schema import Trace
 from envace_mcp.train.rows import (
     Segment,
     after_backward,
+    cap_heap_blocks,
     collate,
     forward_logits,
     prefix_order,
@@ -111,6 +112,9 @@ class SFTConfig:
     """bf16 autocast: 1.6-2.2x faster on CPUs with AMX and on GPUs; fp32 is the exact default."""
     gradient_checkpointing: bool = True
     """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
+    mmap_threshold_mb: float | None = None
+    """`rows.cap_heap_blocks`: 1.0 takes a packed 16-row SFT batch from 6.4 to 2.5 GB peak RSS and from 67 to
+    89 s (`benchmarks/sft_throughput.py`); None keeps glibc's default, the faster one (GRPO sets 1.0)."""
 
 
 def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_prefix: bool) -> list[list[int]]:
@@ -145,6 +149,7 @@ def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *
         model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                                                  target_modules=config.lora_targets, task_type="CAUSAL_LM"))
     prepare_for_training(model, config.gradient_checkpointing)
+    cap_heap_blocks(config.mmap_threshold_mb)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr)

@@ -29,6 +29,7 @@ from envace_mcp.train.rows import (
     Segment,
     after_backward,
     batch_logprobs,
+    cap_heap_blocks,
     collate,
     prefix_order,
     prepare_for_training,
@@ -99,6 +100,25 @@ class GRPOConfig(BaseModel):
     """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
     bf16: bool = False
     """bf16 autocast for the update's forward pass (faster on AMX CPUs / GPUs; ratios then carry bf16 noise)."""
+    mmap_threshold_mb: float | None = 1.0
+    """Allocations of this size or more get their own mmap, handed back when freed (`rows.cap_heap_blocks`;
+    glibc only, process-wide). Online GRPO from the shipped bank adapter (runs of up to 12 calls) peaked
+    at 7.0 GB in rollouts and 6.6 GB in the update with glibc's default; the packed passes' freed heap
+    blocks were most of it. None: glibc's default (faster passes, more memory)."""
+    rollout_prefix_cache_tokens: int = 16384
+    """Online GRPO: the rollout policy's prefix cache (prompt keys/values kept for reuse; 46 KB a token for
+    the embedded model in fp32: 0.75 GB). Inference keeps 32,768; in training it sits next to the decode
+    batch and the weights, and each step starts it empty anyway."""
+    rollout_kv_gb: float | Literal["auto"] | None = "auto"
+    """Online GRPO: the rollout policy's `kv_budget_gb` (decode-batch keys/values); "auto": 1 GB on CPU, no
+    limit on accelerators. Long runs in fp32 are 46 KB a token for the embedded model: 16 rows of ~3.6k
+    columns would be 2.6 GB."""
+
+
+def _rollout_kv_gb(setting: float | str | None, model: Any) -> float | None:
+    if setting == "auto":
+        return 1.0 if next(model.parameters()).device.type == "cpu" else None
+    return setting  # type: ignore[return-value]
 
 
 def _group_key(row: Segment) -> str:
@@ -166,6 +186,7 @@ class OfflineGRPO:
                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
         self.model = model.to(distributed.device())
         prepare_for_training(model, config.gradient_checkpointing)
+        cap_heap_blocks(config.mmap_threshold_mb)
         self.engine = distributed.wrap(self.model)
         """What forward/backward go through: DDP around the model under torchrun, the model itself otherwise."""
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -415,7 +436,9 @@ class OnlineGRPO(OfflineGRPO):
         self.sampling = sampling or {}
         self.tasks = suite.split(split)
         self.policy = TransformersPolicy(self.model, self.tokenizer, name=f"{config.model or 'embedded'} (training)",
-                                         max_batch_size=max(16, k))
+                                         max_batch_size=max(16, k),
+                                         kv_budget_gb=_rollout_kv_gb(config.rollout_kv_gb, self.model),
+                                         prefix_cache_tokens=config.rollout_prefix_cache_tokens)
 
     def train_step(self) -> dict[str, float]:
         import anyio

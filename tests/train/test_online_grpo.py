@@ -66,6 +66,8 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     assert len(traces) == 6 and len({t.group_id for t in traces}) == 2
     assert all(t.reward("task") is not None and t.mode == "simulated" for t in traces)
     assert max(trainer.policy.batcher.batch_sizes) == 3  # the group's turns were generated together
+    assert trainer.policy.kv_budget_gb == 1.0  # "auto" on CPU: rollouts' decode batches stay within 1 GB
+    assert trainer.policy.prefix_cache.max_tokens == 16384
     assert records[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
 
 

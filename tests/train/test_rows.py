@@ -1,5 +1,7 @@
 """Trace fixtures → rows → one real GRPO update on the tiny Qwen3 that recorded them."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,31 @@ def test_rows_packed_without_a_prefix_attend_only_to_themselves(tmp_path):
         k = len(row.completion_ids)
         assert torch.allclose(packed[i, :k], alone[i][:k], atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(grads, alone_grads))
+
+
+_HEAP_PATTERN = """
+import os, sys, torch
+from envace_mcp.train.rows import cap_heap_blocks
+print(cap_heap_blocks(1.0 if sys.argv[1] == "cap" else None))
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+big = torch.ones(20 * 2**20 // 4); del big  # a freed 20 MB mmapped block: glibc's threshold rises to it
+base = rss()
+kept, freed = [], []
+for _ in range(40):  # activations of a pass: 10 MB blocks, with small tensors that outlive them above
+    freed.append(torch.ones(10 * 2**20 // 4))
+    kept.append(torch.ones(50_000))
+del freed
+print((rss() - base) / 2**20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_capping_heap_blocks_hands_freed_activations_back_to_the_os():
+    out = {}
+    for mode in ("default", "cap"):  # a fresh process each: the setting is process-wide
+        lines = subprocess.run([sys.executable, "-c", _HEAP_PATTERN, mode], capture_output=True, text=True,
+                               check=True).stdout.split()
+        out[mode] = (lines[0] == "True", float(lines[1]))
+    assert out["default"][0] is False and out["cap"][0] is True
+    assert out["default"][1] > 300  # glibc kept the 400 MB of freed 10 MB blocks
+    assert out["cap"][1] < 50  # each had its own mmap, returned when freed
