@@ -128,7 +128,7 @@ class TransformersPolicy(PromptPolicy):
                                                 "decode_steps": 0, "decode_rows": 0, "kv_waits": 0}
         """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent,
         decode steps (forward passes) and the rows they fed (rows / steps: the mean batch), requests that
-        waited for room under `kv_budget_tokens`."""
+        waited for room under `kv_budget_gb`."""
         self.kv_peak_slots = 0
         """The most key/value slots a decode batch held (`_DecodeBatch.slots`), for benchmarks and tests."""
         self.batcher: Batcher[_Job, RawCompletion] = Batcher(self.generate_batch, max_batch=max_batch_size,
