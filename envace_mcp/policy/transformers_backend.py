@@ -560,18 +560,9 @@ class _DecodeBatch:
     def slots_with(self, prompt: list[int], new_tokens: int, remaining: list[int]) -> int:
         """What `slots` would be, about, with one more row for `prompt` (without changing the batch):
         the rows then in use times the columns they span, plus the shared prefixes."""
-        tail, prefix = len(prompt), 0
-        if self.shared_prefix:
-            best, share = None, 0
-            for group in self.groups:  # as `_group_for` decides, without shortening or creating a group
-                n = _common_prefix(group.ids, prompt, limit=len(prompt) - 1)
-                if n > share:
-                    best, share = group, n
-            full = len(self.groups) >= self.max_groups
-            if best is not None and share >= self.min_shared and (2 * share >= len(best.ids) or full):
-                tail = len(prompt) - share
-            elif not full and len(prompt) - 1 >= self.min_shared:
-                tail, prefix = 1, len(prompt) - 1
+        # as `_group_for` decides, without shortening or creating a group; a new group holds its prefix once
+        best, share = self._best_group(prompt) if self.shared_prefix else (None, 0)
+        tail, prefix = len(prompt) - share, share if best is None else 0
         columns = max(self.seen, tail) + max([new_tokens, *remaining])
         return (self.rows + 1) * columns + sum(len(group.ids) for group in self.groups) + prefix
 
@@ -680,8 +671,9 @@ class _DecodeBatch:
                 new[: self.rows, :, :used] = old[: self.rows, :, :used]
                 bufs[layer] = new
 
-    def _group_for(self, ids: list[int]) -> _PrefixGroup | None:
-        """The group a prompt joins (shortened to what they share), a new group, or None."""
+    def _best_group(self, ids: list[int]) -> tuple[_PrefixGroup | None, int]:
+        """Where a prompt would go, without changing anything: (a group, the tokens it would share with
+        it) to join; (None, n) to start a new group of its first n tokens; (None, 0) for no group."""
         best, share = None, 0
         for group in self.groups:
             n = _common_prefix(group.ids, ids, limit=len(ids) - 1)  # the row keeps one token of its own
@@ -689,12 +681,19 @@ class _DecodeBatch:
                 best, share = group, n
         full = len(self.groups) >= self.max_groups
         if best is not None and share >= self.min_shared and (2 * share >= len(best.ids) or full):
+            return best, share
+        return None, len(ids) - 1 if not full and len(ids) - 1 >= self.min_shared else 0
+
+    def _group_for(self, ids: list[int]) -> _PrefixGroup | None:
+        """The group a prompt joins (shortened to what they share), a new group, or None."""
+        best, share = self._best_group(ids)
+        if best is not None:
             if share < len(best.ids):
                 self._shorten(best, share)
             return best
-        if full or len(ids) - 1 < self.min_shared:
+        if not share:
             return None
-        group = _PrefixGroup(list(ids[:-1]))
+        group = _PrefixGroup(list(ids[:share]))
         self.groups.append(group)
         return group
 
