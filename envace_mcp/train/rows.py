@@ -193,9 +193,9 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B,
 
 
 @functools.cache
-def _malloc_trim() -> Any:
+def _glibc(function: str) -> Any:
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), function)
     except (OSError, AttributeError):  # not glibc
         return None
 
@@ -205,7 +205,7 @@ def release_freed_memory() -> None:
     for reuse, and packed micro-batches of varying lengths leave them in sizes the next pass cannot
     use: RSS then grows well past what is live (a packed SFT batch: 6.4 GB RSS for 2.5 GB live).
     No-op off glibc."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is not None:
         trim(0)
 
@@ -219,13 +219,8 @@ def cap_heap_blocks(megabytes: float | None) -> bool:
     threshold (`malloc_trim` after the pass cannot help the pass's own peak). The price is fresh pages
     for each large tensor (page faults): a packed SFT batch ran 89 s instead of 67 s. None: leave glibc's
     default. Returns whether it was set (False off glibc)."""
-    if megabytes is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    return bool(mallopt(-3, int(megabytes * 2**20)))  # M_MMAP_THRESHOLD
+    mallopt = _glibc("mallopt") if megabytes is not None else None
+    return mallopt is not None and bool(mallopt(-3, int(megabytes * 2**20)))  # M_MMAP_THRESHOLD
 
 
 def after_backward(rows: int, share_prefix: bool) -> None:
