@@ -201,14 +201,19 @@ def base_model(model: Any) -> Any:
 
 
 def use_for_decoding(model: Any) -> bool:
-    """Switch a CPU model that runs transformers' `sdpa` attention to `decode_attention`; True if switched.
+    """Switch a CPU model that runs transformers' `sdpa` attention to `decode_attention`; True if it runs
+    `decode_attention` now (switched here or before: a trainer switches its model in
+    `prepare_for_training`, then hands it to the rollout policy, which asks again).
 
     Models on other devices or with another attention implementation are left alone."""
     base = base_model(model)
     config = getattr(base, "config", None)
+    on_cpu = all(p.device.type == "cpu" for p in base.parameters())
+    if getattr(config, "_attn_implementation", None) == NAME:
+        return on_cpu
     if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(base, "set_attn_implementation"):
         return False
-    if any(p.device.type != "cpu" for p in base.parameters()) or not _register():
+    if not on_cpu or not _register():
         return False
     try:
         base.set_attn_implementation(NAME)

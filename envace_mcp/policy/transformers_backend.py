@@ -125,10 +125,11 @@ class TransformersPolicy(PromptPolicy):
         contexts) made 16 rows of fp32 keys/values (46 KB a token for the embedded model) the largest
         cost of a GRPO step."""
         self.prefill_stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                                                "decode_steps": 0, "decode_rows": 0, "kv_waits": 0}
+                                                "decode_steps": 0, "decode_rows": 0, "kv_waits": 0, "grouped_rows": 0}
         """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent,
         decode steps (forward passes) and the rows they fed (rows / steps: the mean batch), requests that
-        waited for room under `kv_budget_gb`."""
+        waited for room under `kv_budget_gb`, rows that joined a decode batch's prefix group (their
+        shared prompt prefix held once, see `_DecodeBatch`)."""
         self.kv_peak_slots = 0
         """The most key/value slots a decode batch held (`_DecodeBatch.slots`), for benchmarks and tests."""
         self.batcher: Batcher[_Job, RawCompletion] = Batcher(self.generate_batch, max_batch=max_batch_size,
@@ -275,6 +276,7 @@ class TransformersPolicy(PromptPolicy):
                 rows.append(_Row(job, ticket, numpy.random.default_rng(job.seed), logits))
                 if batch.joinable:
                     batch.place(kv, group)
+                    self.prefill_stats["grouped_rows"] += group is not None
                 else:
                     batch.start_alone(cache, len(job.prompt_ids))
             decode_started = time.perf_counter()

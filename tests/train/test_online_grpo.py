@@ -68,6 +68,8 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     assert max(trainer.policy.batcher.batch_sizes) == 3  # the group's turns were generated together
     assert trainer.policy.kv_budget_gb == 1.0  # "auto" on CPU: rollouts' decode batches stay within 1 GB
     assert trainer.policy.prefix_cache.max_tokens == 16384
+    # the trainer switched its model to our attention before the policy asked: rows still share prefixes
+    assert trainer.policy.decode_attention and trainer.policy.prefill_stats["grouped_rows"] > 0
     assert records[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
 
 
