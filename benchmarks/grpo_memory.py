@@ -5,10 +5,11 @@ step, fp32, LoRA, gradient checkpointing), with a sampler thread reading this pr
 50 ms. The baseline is the model's own weights (what any trainer holds at least).
 
     python benchmarks/grpo_memory.py [--steps 2] [--max-new-tokens 96] [--prefix-cache-tokens N]
-                                     [--share-prefix --micro-batch 4] [--adapter embedded|DIR]
+                                     [--share-prefix --micro-batch 4] [--adapter embedded|DIR] [--rollouts-only]
 
 `--adapter embedded` starts from the shipped bank adapter: its runs go on for up to 12 calls (~5k-token
-contexts), where the bare model's end after a call or two — the long-run case.
+contexts), where the bare model's end after a call or two — the long-run case. `--rollouts-only` stops
+before the first update (the long-run update takes most of an hour here).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--adapter", default=None, help="start from this LoRA adapter ('embedded': the shipped one)")
     parser.add_argument("--skip-zero-advantage", action="store_true",
                         help="GRPOConfig.skip_zero_advantage (off here: every segment goes through the update)")
+    parser.add_argument("--rollouts-only", action="store_true", help="stop before the first update")
     ns = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sampler = Sampler()
@@ -84,7 +86,12 @@ def main() -> None:
 
         update_seconds = []
 
+        class RolloutsDone(Exception):
+            pass
+
         def phased_update(groups):
+            if ns.rollouts_only:
+                raise RolloutsDone
             sampler.phase = "update"
             began = time.perf_counter()
             try:
@@ -96,7 +103,10 @@ def main() -> None:
         trainer.update = phased_update
         sampler.phase = "rollouts"
         start = time.perf_counter()
-        trainer.run()
+        try:
+            trainer.run()
+        except RolloutsDone:
+            pass
         wall = time.perf_counter() - start
     sampler.stop.set()
     sampler.thread.join()
@@ -105,6 +115,11 @@ def main() -> None:
           f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {trainer.policy.prefix_cache.max_tokens} tokens, "
           f"KV budget {trainer.policy.kv_budget_gb} GB, "
           f"{extra or 'default micro-batches'} ({wall:.0f} s, updates {', '.join(f'{t:.0f}' for t in update_seconds)} s)")
+    stats = trainer.policy.prefill_stats
+    print(f"  rollouts: {stats['decode_rows'] / max(stats['decode_steps'], 1):.1f} rows per decode step, "
+          f"{stats['grouped_rows']} rows in prefix groups, {stats['kv_waits']} waits for KV room, "
+          f"largest decode batch {trainer.policy.kv_peak_slots} KV slots, "
+          f"prefill {stats['prefill_s']:.0f} s, decode {stats['decode_s']:.0f} s")
     print(f"  model weights (baseline): {weights / gb:.2f} GB")
     for phase in ("load", "rollouts", "update"):
         if phase in sampler.peaks:
