@@ -272,6 +272,97 @@ def test_a_kv_budget_makes_requests_wait_for_room_and_they_still_decode_as_if_al
     assert [r.completion_ids for r in policy.generate_batch(jobs[:3])] == [r.completion_ids for r in together[:3]]
 
 
+def test_the_kv_budget_counts_shared_prefixes_and_the_columns_a_shortened_group_adds(policy, monkeypatch):
+    from envace_mcp.policy.transformers_backend import _DecodeBatch, _Job
+
+    held = []
+    original = _DecodeBatch.step
+
+    def spy(batch, tokens, positions):  # slots before and after every step (make_room and shortening included)
+        held.append(batch.slots())
+        out = original(batch, tokens, positions)
+        held.append(batch.slots())
+        return out
+
+    monkeypatch.setattr(_DecodeBatch, "step", spy)
+    bank = "You are a careful bank assistant. Check every account before you move money. " * 6
+
+    def job(system_text, question, seed, new=10):
+        chat = [{"role": "system", "content": system_text}, {"role": "user", "content": question}]
+        return _Job(policy.encode(policy.render(chat, None)), SamplingParams(max_new_tokens=new, temperature=0.9),
+                    seed=seed)
+
+    jobs = [job(bank, "balance of CHK-1?", 1, 40), job(bank, "move 5 from SAV-2 to CHK-1 " * 3, 2, 40),
+            job(bank[:-40] + "Be brief.", "list accounts", 3),  # shares less: shortens the group
+            job(bank, "close SAV-9", 4), job(bank, "list my cards " * 2, 5), job(bank, "who am I?", 6)]
+    prefix = min(len(j.prompt_ids) for j in jobs) - 20  # about what the rows share
+    shop = "You sell shoes and socks. Answer in one short line, and never promise a delivery date. " * 4
+    jobs += [job(shop, "red socks?", 7), job(shop, "size 44 boots", 8)]  # a second group, after rows have left
+    budget = prefix + 3 * 60  # the shared prompt once and about three rows' own columns
+    config = policy.model.config
+    slot = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 4  # bytes, fp32
+    monkeypatch.setattr(policy, "kv_budget_gb", (budget + 0.5) * slot / 2**30)
+    before = dict(policy.prefill_stats)
+    together = policy.generate_batch(jobs)
+    assert policy.prefill_stats["grouped_rows"] > before["grouped_rows"]  # rows did share the prefix
+    assert policy.prefill_stats["kv_waits"] > before["kv_waits"]
+    assert max(held) <= budget  # the buffers and the shared prefixes together, at every step
+    for j, got in zip(jobs, together):
+        alone = policy.generate_batch([j])[0]
+        assert got.completion_ids == alone.completion_ids
+        assert max(abs(a - b) for a, b in zip(got.logprobs, alone.logprobs)) < 1e-4
+    # admission's estimate is what making room then takes: new groups, joins, the shortened group
+    cpu = torch.device("cpu")
+    batch = _DecodeBatch(policy.model, policy._cache_kw, cpu, 8, joinable=True, shared_prefix=True)
+    with torch.inference_mode():
+        for number, j in enumerate(jobs):
+            if batch.rows == 2:
+                batch.remove(0)  # a row leaves; its buffer row stays until the buffers change
+            remaining = [10] * batch.rows
+            estimate = batch.slots_with(j.prompt_ids, 10, remaining)
+            shape, area = batch.mask.shape, batch.mask.numel()
+            group = batch.make_room([j.prompt_ids], [10], remaining)[0]
+            regrown = batch.mask.shape != shape or not batch.keys  # (the first row's buffers come with it)
+            assert estimate == (batch.wanted[0] * batch.wanted[1] if regrown else area) + batch._prefix_slots(), number
+            batch.place(policy._prefill(j.prompt_ids, cpu)[0], group)
+        # rows that left give their buffer rows back when a newcomer needs them
+        batch = _DecodeBatch(policy.model, policy._cache_kw, cpu, 8, joinable=True, shared_prefix=True)
+        for j in jobs[:4]:
+            batch.place(policy._prefill(j.prompt_ids, cpu)[0], batch.make_room([j.prompt_ids], [10], [10] * batch.rows)[0])
+        for _ in range(3):
+            batch.remove(0)
+        newcomer = jobs[-1].prompt_ids  # another prompt: a new group
+        batch.budget = batch.slots_with(newcomer, 10, [10], trimmed=True)
+        assert batch.mask.shape[0] == 4 and batch.slots_with(newcomer, 10, [10]) > batch.budget
+        assert batch.fits(newcomer, 10, [10]) and batch.mask.shape[0] == 1  # the three dead rows went
+        batch.place(policy._prefill(newcomer, cpu)[0], batch.make_room([newcomer], [10], [10])[0])
+        assert batch.rows == 2 and batch.slots() <= batch.budget
+
+
+def test_prefix_cache_keeps_alive_only_the_tokens_it_counts():
+    from envace_mcp.policy.transformers_backend import PrefixCache
+
+    def prefilled(ids):  # two layers of keys/values (1, 1 head, tokens, 2) that spell out the ids
+        kv = torch.tensor(ids, dtype=torch.float32).view(1, 1, -1, 1).expand(1, 1, len(ids), 2)
+        return [(kv.clone(), -kv.clone()) for _ in range(2)]
+
+    cache = PrefixCache(max_tokens=400)
+    system = list(range(100))
+    for turn in range(8):  # act turns: the history grows, the last message (the memory) changes every turn
+        ids = system + [1000 + j for j in range(20 * turn)] + [5000 + 100 * turn + j for j in range(30)]
+        reused, _, source = cache.lookup(ids)
+        assert reused == (100 + 20 * (turn - 1) if turn else 0)  # up to the previous turn's memory message
+        cache.store(ids, prefilled(ids), reused, source)
+    assert 1 < len(cache.entries) < 8  # the oldest turns were dropped to stay within 400 tokens
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for entry in cache.entries for piece, _, _ in entry.pieces for layer in piece for t in layer}
+    assert sum(storages.values()) == cache.held_tokens() * 2 * 2 * 2 * 4  # layers x (k, v) x 2 floats x 4 bytes
+    assert cache.held_tokens() <= 400
+    for entry in cache.entries:  # and every entry still gives back its own keys/values
+        reused, kv, _ = cache.lookup(entry.ids + [7])
+        assert reused == len(entry.ids) and torch.equal(kv[1][0], prefilled(entry.ids)[1][0])
+
+
 def test_one_token_steps_use_packed_attention_that_equals_sdpa(tiny_qwen3_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
