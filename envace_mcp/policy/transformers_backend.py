@@ -593,8 +593,7 @@ class _DecodeBatch:
         if best is not None and share < len(best.ids):  # joining shortens the group (`_shorten`)
             cut = len(best.ids) - share  # prefix tokens that move into its rows' columns
             prefix = -cut
-            seen += max(0, cut - min((self.starts[slot] for slot, g in enumerate(self.row_groups) if g is best),
-                                     default=cut))
+            seen += self._shortening_shift(best, cut)
         rows, columns = self.rows + 1, max(seen, tail) + max([new_tokens, *remaining])
         have_rows, have_cols = self.mask.shape
         have_rows = min(have_rows, self.rows) if trimmed else have_rows
@@ -760,11 +759,11 @@ class _DecodeBatch:
         """Make `group` share only its first `n` tokens: the rest go into its rows' columns, before their
         own (the buffers grow on the left when one of them has no free columns there)."""
         cut = len(group.ids) - n
-        members = [slot for slot, g in enumerate(self.row_groups) if g is group]
+        members = self._members(group)
         if members:
-            short = min(self.starts[slot] for slot in members)
-            if short < cut:  # shift every row right by the missing columns
-                self._shift(cut - short)
+            shift = self._shortening_shift(group, cut)
+            if shift:  # shift every row right by the missing columns
+                self._shift(shift)
             for layer, (keys, values) in enumerate(group.layers):
                 for slot in members:
                     start = self.starts[slot]
@@ -776,6 +775,14 @@ class _DecodeBatch:
             self._bind()
         group.ids = group.ids[:n]
         group.layers = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in group.layers]
+
+    def _members(self, group: _PrefixGroup) -> list[int]:
+        return [slot for slot, g in enumerate(self.row_groups) if g is group]
+
+    def _shortening_shift(self, group: _PrefixGroup, cut: int) -> int:
+        """Columns every row moves right when `group` hands its last `cut` prefix tokens to its rows'
+        columns (`_shorten`): what its row with the fewest free columns on the left lacks."""
+        return max(0, cut - min((self.starts[slot] for slot in self._members(group)), default=cut))
 
     def _prefixes(self) -> SharedPrefixes:
         members: dict[int, tuple[_PrefixGroup, list[int]]] = {}
