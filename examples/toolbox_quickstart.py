@@ -12,7 +12,7 @@ from envace_mcp.eval import Episode, get_suite
 
 
 async def main() -> None:
-    config = {"mcpServers": {"bank": {"command": sys.executable, "args": ["-m", "envace_mcp.servers.bank"]}}}
+    config = {"mcpServers": {"bank": {"command": sys.executable, "args": ["-P", "-m", "envace_mcp.servers.bank"]}}}
     task = get_suite("bank").split("test")[0]
     async with Toolbox(config) as toolbox:
         for tool in toolbox.catalog:

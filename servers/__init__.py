@@ -4,7 +4,7 @@
 - `retail`: users, orders and items with cancel / return / exchange / address rules (τ²-retail-like),
   suite in `retail_tasks`.
 
-Run one with `python -m envace_mcp.servers.bank [--transport stdio|http] [--port 8000]`.
+Run one with `python -P -m envace_mcp.servers.bank [--transport stdio|http] [--port 8000]`.
 """
 
 DOMAINS = ("bank", "retail")

@@ -237,8 +237,18 @@ def dump_state(state: Mapping[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------- CLI
 
 
+def module_args(module: str, *args: str) -> list[str]:
+    """Interpreter arguments that run `module` from any working directory.
+
+    `-P` (Python 3.11+) keeps `python -m` from putting the working directory first on `sys.path`: in the
+    root of a source checkout the folder `envace_mcp/` (which has no `servers/`; setuptools installs
+    `servers/` as `envace_mcp.servers`) would shadow the installed package and the server would not start.
+    """
+    return ["-P", "-m", module, *args]
+
+
 def serve(build: Callable[..., Any], description: str, argv: Sequence[str] | None = None) -> None:
-    """`python -m envace_mcp.servers.X [--transport stdio|http] [--host H] [--port P] [--seed N]`."""
+    """`python -P -m envace_mcp.servers.X [--transport stdio|http] [--host H] [--port P] [--seed N]`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")

@@ -5,8 +5,8 @@ copy per episode (see `_common`). Business failures (insufficient funds, unknown
 closed) are `isError` results whose text says what went wrong. Some policy rules are *not*
 enforced by the server, as in τ²-bench: a careless agent can break them, and the checker sees it.
 
-    python -m envace_mcp.servers.bank                       # stdio
-    python -m envace_mcp.servers.bank --transport http --port 8001
+    python -P -m envace_mcp.servers.bank                       # stdio
+    python -P -m envace_mcp.servers.bank --transport http --port 8001
 """
 
 from __future__ import annotations

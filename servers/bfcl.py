@@ -1,7 +1,7 @@
 """BFCL-v4 multi-turn backends as an MCP server (a bridge; the backends are bfcl-eval's own code).
 
     pip install 'envace-mcp[bfcl]'
-    python -m envace_mcp.servers.bfcl [--transport stdio|http] [--port N]
+    python -P -m envace_mcp.servers.bfcl [--transport stdio|http] [--port N]
 
 BFCL's multi-turn categories run an agent against eight stateful Python APIs (a file system, a
 trading bot, a travel agency, a vehicle, messaging, posting, tickets, maths). This server publishes

@@ -5,8 +5,8 @@ can be returned or exchanged; exchanges stay within the same product and need an
 refunds go to the original payment method or one of the user's gift cards. Rules the agent must
 keep itself (as in τ²): act only for the authenticated user, and no returns after the return window.
 
-    python -m envace_mcp.servers.retail                      # stdio
-    python -m envace_mcp.servers.retail --transport http --port 8002
+    python -P -m envace_mcp.servers.retail                      # stdio
+    python -P -m envace_mcp.servers.retail --transport http --port 8002
 """
 
 from __future__ import annotations

@@ -100,7 +100,9 @@ class BfclSuite(_EvalOnly):
         if transport == "stdio":
             import sys
 
-            return nullcontext({"bfcl": {"command": sys.executable, "args": ["-m", "envace_mcp.servers.bfcl"]}})
+            from envace_mcp.servers._common import module_args
+
+            return nullcontext({"bfcl": {"command": sys.executable, "args": module_args("envace_mcp.servers.bfcl")}})
         raise UserError(f"suite {self.name!r} runs over {', '.join(self.transports)}, not {transport!r}")
 
     def episode(self, task: Task) -> BfclEpisode:

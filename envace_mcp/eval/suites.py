@@ -16,7 +16,16 @@ from functools import cached_property
 from typing import Any, Literal, Protocol
 
 from envace_mcp.errors import UserError
-from envace_mcp.servers._common import EPISODE_KEY, STATE_URI, TASK_KEY, CheckResult, DomainError, Task, replay
+from envace_mcp.servers._common import (
+    EPISODE_KEY,
+    STATE_URI,
+    TASK_KEY,
+    CheckResult,
+    DomainError,
+    Task,
+    module_args,
+    replay,
+)
 from envace_mcp.toolbox import ToolResult
 
 
@@ -132,7 +141,7 @@ class Suite:
     def stdio_config(self, python: str | None = None) -> dict[str, Any]:
         """An `mcpServers` entry that launches this suite's server over stdio."""
         return {"command": python or sys.executable,
-                "args": ["-m", f"envace_mcp.servers.{self.name}", "--seed", str(self.seed)]}
+                "args": module_args(f"envace_mcp.servers.{self.name}", "--seed", str(self.seed))}
 
 
     @contextmanager
@@ -140,8 +149,8 @@ class Suite:
         """Run this suite's server over streamable HTTP on loopback in a subprocess; yield its URL."""
         port = port or free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"envace_mcp.servers.{self.name}", "--transport", "http",
-             "--port", str(port), "--seed", str(self.seed)],
+            [sys.executable, *module_args(f"envace_mcp.servers.{self.name}", "--transport", "http",
+                                         "--port", str(port), "--seed", str(self.seed))],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         try:

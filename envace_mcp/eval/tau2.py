@@ -43,7 +43,7 @@ from typing import Any
 from langchain_core.messages import AIMessage
 
 from envace_mcp.errors import UserError
-from envace_mcp.servers._common import Action, Check, CheckResult, Requirement, Task
+from envace_mcp.servers._common import Action, Check, CheckResult, Requirement, Task, module_args
 from envace_mcp.toolbox import ToolResult
 
 STATE_KEY = "state_key"
@@ -117,7 +117,7 @@ class Tau2Suite:
         package, _ = _PACKAGES[self.domain]
         self.module  # fail here, with the install hint, if the package is missing  # noqa: B018
         with tempfile.TemporaryDirectory(prefix=f"envace-{self.name}-") as state_dir:
-            yield {self.name: {"command": sys.executable, "args": ["-m", f"{package}.server"],
+            yield {self.name: {"command": sys.executable, "args": module_args(f"{package}.server"),
                                "env": {f"TAU2_{self.domain.upper()}_MCP_STATE_DIR": state_dir,
                                        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}}}
 

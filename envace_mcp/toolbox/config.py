@@ -1,7 +1,7 @@
 """Server configuration in the `mcpServers` JSON shape users already have.
 
     {"mcpServers": {
-        "bank": {"command": "python", "args": ["-m", "envace_mcp.servers.bank"], "env": {"K": "V"}},
+        "bank": {"command": "python", "args": ["-P", "-m", "envace_mcp.servers.bank"], "env": {"K": "V"}},
         "shop": {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ..."}}
     }}
 
