@@ -66,3 +66,55 @@ class Transcript:
         elif node == "gate":
             style = _DECISION_STYLE.get(record["decision"], "white")
             self.console.print(f"   gate: [{style}]{record['decision']}[/] — {record.get('reason', '')}")
+
+
+class TerminalApprover:
+    """`EnvaceContext.approve` for the CLI: shows the call and its rehearsed outcome, then asks on the
+    terminal. With no terminal on stdin (CI, pipes, `nohup`) the call is denied and the output says why;
+    `assume_yes` (`--yes`) approves every call, still shown."""
+
+    def __init__(self, console: Console, *, assume_yes: bool = False, stdin: Any = None) -> None:
+        self.console = console
+        self.assume_yes = assume_yes
+        self.stdin = stdin
+
+    async def __call__(self, request: dict[str, Any]) -> bool:
+        import sys
+
+        import anyio
+
+        call = request["call"]
+        self.console.print(f"   [magenta]approval needed:[/] {call['name']}({shorten(call.get('arguments', {}), 200)})")
+        self.console.print(f"      rehearsed outcome: {_prediction(request.get('rehearsal'))}")
+        if request.get("reason"):
+            self.console.print(f"      [dim]{request['reason']}[/]")
+        if self.assume_yes:
+            self.console.print("      [green]approved[/] (--yes)")
+            return True
+        stdin = self.stdin or sys.stdin
+        if not (stdin and stdin.isatty()):
+            self.console.print("      [red]denied:[/] no terminal on stdin to ask (pass --yes, or "
+                               "--gate require_approval=never, to run such calls unasked)")
+            return False
+        import typer
+
+        answer = await anyio.to_thread.run_sync(lambda: typer.confirm("      run it?", default=False))
+        self.console.print("      [green]approved[/]" if answer else "      [red]denied[/]")
+        return bool(answer)
+
+
+def print_summary(console: Console, records: list[dict[str, Any]], score: float | None = None) -> None:
+    """The closing lines of `envace demo` / `envace run`: what happened to every proposed call."""
+    from envace_mcp.graph.memory import summarize
+
+    s = summarize(records)
+    stopped = sum(s["stopped"].values())
+    by_reason = ", ".join(f"{n} {kind}" for kind, n in sorted(s["stopped"].items()))
+    console.print("\n[bold]summary[/]")
+    console.print(f"  calls proposed {s['proposed']}, rehearsed {s['rehearsed']}, predicted to fail {s['predicted_to_fail']}")
+    console.print(f"  stopped by the gate {stopped}" + (f" ({by_reason})" if by_reason else "")
+                  + f"; approvals: {s['approved']} approved, {s['denied']} denied")
+    console.print(f"  executed on the real server {s['executed']}" + (f", simulated {s['simulated']}" if s["simulated"] else "")
+                  + f"; rehearsal matched reality {s['matched']} of {s['compared']}")
+    if score is not None:
+        console.print(f"  [bold]checker score: {score:.2f}[/]")

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
 
 from envace_mcp.cli._common import (
+    INTERACTIVE_GATE,
     AdapterOpt,
+    ModelOpt,
     ServersOpt,
+    TracesOut,
+    YesOpt,
     _adapter,
     _bundled_config,
     _catalog_table,
@@ -30,22 +32,28 @@ from envace_mcp.errors import EnvaceError
 def demo(
     domain: Annotated[str, typer.Option(help="bank or retail")] = "bank",
     task_id: Annotated[Optional[str], typer.Option("--task", help="a task id (default: a simple test task)")] = None,
-    transport: Annotated[str, typer.Option(help="stdio or http")] = "stdio",
-    model: Annotated[Optional[str], typer.Option(help="Hugging Face id or folder (default: embedded SmolLM2)")] = None,
+    transport: Annotated[Literal["stdio", "http"], typer.Option(help="MCP transport to the server")] = "stdio",
+    model: ModelOpt = None,
     adapter: AdapterOpt = None,
     reference: Annotated[bool, typer.Option("--reference", help="replay the reference solution instead of the agent")] = False,
-    rehearse: Annotated[int, typer.Option(help="imagined runs before the real one (test-time rehearsal)")] = 0,
-    max_steps: int = 4,
-    max_new_tokens: int = 96,
-    traces: Annotated[Optional[Path], typer.Option(help="record the run into this trace folder")] = None,
+    rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
+    gate: Annotated[Optional[str], typer.Option(help="e.g. require_approval=never,rehearse=all")] = None,
+    yes: YesOpt = False,
+    max_steps: Annotated[int, typer.Option(min=1, help="agent turns before the run stops")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
+    traces: TracesOut = None,
 ) -> None:
-    """The main job: the agent (embedded model by default) solves a bundled server's test task over a
-    real MCP transport, with every call's rehearsal, gate decision and real result shown, then the
-    checker's score. `--reference` replays the reference solution instead."""
+    """The main job: the agent works a bundled server's test task over a real MCP transport.
+
+    The embedded model (with its shipped adapter) by default. Every proposed call is shown with its
+    rehearsal and the gate's decision; a destructive call waits for your approval (denied when stdin is
+    no terminal; --yes approves); the run ends with a summary and the checker's score. `--reference`
+    replays the reference solution instead."""
     from envace_mcp.eval import run_reference, run_task
     from envace_mcp.toolbox import Toolbox
 
     suite = _suite(domain)
+    gate_config = _gate(gate, INTERACTIVE_GATE, max_steps=max_steps)
     try:
         if task_id:
             task = suite.task(task_id)
@@ -69,7 +77,7 @@ def demo(
                     console.print(f"     [{colour}]→ {json.dumps(result.value)[:300]}[/]")
                 console.print(f"\nanswer: {task.answer}")
             else:
-                from envace_mcp._transcript import Transcript
+                from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
                 from envace_mcp.policy import load_policy
 
                 with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
@@ -79,17 +87,22 @@ def demo(
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
 
-                run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=_gate(None, max_steps=max_steps),
+                run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=gate_config,
                                      rehearse_n=rehearse, on_update=Transcript(console).update,
                                      sampling=_sampling(max_new_tokens, 0.0, 0),
+                                     approve=TerminalApprover(console, assume_yes=yes),
                                      store=TraceStore(traces) if traces else None)
                 verdict = run.verdict
                 if traces:
                     console.print(f"[dim]recorded run {run.trace.run_id} in {traces}[/]")
-                console.print(f"\nreference answer: {task.answer}")
+                console.print(f"\nfinal answer: {run.state.get('final_answer')}")
+                console.print(f"reference answer: {task.answer}")
             for check in verdict.checks:
                 console.print(f"  {'[green]✓' if check.passed else '[red]✗'}[/] {check.name} {check.detail}")
-            console.print(f"[bold]checker score: {verdict.score:.2f}[/]")
+            if reference:
+                console.print(f"[bold]checker score: {verdict.score:.2f}[/]")
+            else:
+                print_summary(console, run.state.get("rehearsals", []), verdict.score)
 
     try:
         if transport == "http":
@@ -105,32 +118,32 @@ def demo(
 def run_command(
     task: Annotated[str, typer.Argument(help="what the agent should do")],
     servers: ServersOpt = None,
-    model: Annotated[Optional[str], typer.Option(help="Hugging Face id or folder (default: embedded SmolLM2)")] = None,
+    model: ModelOpt = None,
     adapter: AdapterOpt = None,
-    mode: Annotated[str, typer.Option(help="real, simulated or mixed")] = "real",
-    rehearse: Annotated[int, typer.Option(help="imagined runs before the real one (test-time rehearsal)")] = 0,
-    strategy: Annotated[str, typer.Option(help="parallel or sequential test-time rehearsal")] = "parallel",
-    gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,require_approval=destructive,max_steps=8")] = None,
-    max_new_tokens: int = 160,
-    temperature: float = 0.0,
+    mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(help="where tool results come from")] = "real",
+    rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
+    strategy: Annotated[Literal["parallel", "sequential"], typer.Option(help="test-time rehearsal strategy")] = "parallel",
+    gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,require_approval=never,max_steps=8")] = None,
+    yes: YesOpt = False,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
-    traces: Annotated[Optional[Path], typer.Option(help="record the run into this trace folder")] = None,
+    traces: TracesOut = None,
 ) -> None:
-    """Run the EnvACE agent on a task: each proposed call, its rehearsal, the gate's decision and the
-    real result, mismatches highlighted. Approvals are asked on the terminal."""
-    if mode not in ("real", "simulated", "mixed") or strategy not in ("parallel", "sequential"):
-        _fail(ValueError("--mode must be real, simulated or mixed; --strategy parallel or sequential"))
-    gate_config = _gate(gate)
+    """Run the EnvACE agent on a task of your own against your MCP servers.
+
+    Each proposed call, its rehearsal, the gate's decision and the real result are shown, mismatches
+    highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
+    terminal; --yes approves); the run ends with a summary."""
+    gate_config = _gate(gate, INTERACTIVE_GATE)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter, mode, rehearse, strategy, gate_config,
-              _sampling(max_new_tokens, temperature, seed), traces)
+              _sampling(max_new_tokens, temperature, seed), traces, yes)
 
 
-async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces) -> None:  # noqa: ANN001
+async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes) -> None:  # noqa: ANN001
     from langchain_core.messages import HumanMessage
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.types import Command
 
-    from envace_mcp._transcript import Transcript
+    from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
     from envace_mcp.graph import EnvaceContext, create_envace_graph
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.policy import load_policy
@@ -143,45 +156,24 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
             _fail(exc)
     try:
         async with Toolbox(servers) as toolbox:
-            context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate_config, mode=mode, sampling=sampling)
-            graph = create_envace_graph().compile(checkpointer=InMemorySaver())
-            config = {"configurable": {"thread_id": "cli"}}
+            context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate_config, mode=mode, sampling=sampling,
+                                    approve=TerminalApprover(console, assume_yes=yes))
+            graph = create_envace_graph().compile()
             notes = None
             if rehearse > 0:
                 console.print(f"[dim]rehearsing {rehearse} imagined run(s) ({strategy}) …[/]")
                 notes = condense(await imagine(create_envace_graph(), task, context, n=rehearse, strategy=strategy))
                 console.print(notes)
-            from envace_mcp.traces import TraceRecorder, TraceStore
+            from envace_mcp.traces import TraceStore, record_run
 
-            transcript = Transcript(console)
-            recorder = TraceRecorder(context=context, rehearsal={"n": rehearse, "strategy": strategy} if rehearse else {})
             payload: Any = {"messages": [HumanMessage(content=task)], **({"notes": notes} if notes else {})}
-            while True:
-                async for kind, chunk in graph.astream(payload, config, context=context,
-                                                       stream_mode=["updates", "custom", "values"]):
-                    recorder.observe(kind, chunk)
-                    if kind != "updates":
-                        continue
-                    for node, update in chunk.items():
-                        if node != "__interrupt__":
-                            transcript.update(node, update)
-                snapshot = await graph.aget_state(config)
-                pending = [i for t in snapshot.tasks for i in t.interrupts]
-                if not pending:
-                    break
-                answers = {}
-                for item in pending:
-                    value = item.value
-                    console.print(f"[magenta]approval needed:[/] {value['call']['name']}({json.dumps(value['call']['arguments'])})"
-                                  f"\n   rehearsal: {json.dumps(value.get('rehearsal'))[:300]}\n   {value.get('reason')}")
-                    answers[item.id] = sys.stdin.isatty() and typer.confirm("run it?", default=False)
-                payload = Command(resume=answers)
-            final = snapshot.values
-            trace = recorder.finish(final, status="finished")
+            final, trace = await record_run(graph, payload, context=context, store=TraceStore(traces) if traces else None,
+                                            on_update=Transcript(console).update,
+                                            rehearsal={"n": rehearse, "strategy": strategy} if rehearse else {})
             if traces:
-                TraceStore(traces).append(trace)
                 console.print(f"[dim]recorded run {trace.run_id} in {traces}[/]")
     except EnvaceError as exc:
         _fail(exc)
     console.print(f"\n[bold]final answer:[/] {final.get('final_answer')}  [dim]({final.get('status')}, "
                   f"{final.get('real_calls', 0)} real call(s), {final.get('rehearsal_count', 0)} rehearsal(s))[/]")
+    print_summary(console, final.get("rehearsals", []))

@@ -38,11 +38,12 @@ async def run_task(
     sampling: dict[str, Any] | None = None,
     store: Any = None,
     group_id: str | None = None,
+    approve: Any = None,
 ) -> TaskRun:
     """Run the agent on `task` against `toolbox` (one fresh episode), then check the final state.
 
     With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
-    attached as the `task` reward."""
+    attached as the `task` reward. `approve` answers the gate's `ask` decisions (`EnvaceContext.approve`)."""
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.traces import Reward, record_run
 
@@ -61,7 +62,8 @@ async def run_task(
             if hasattr(episode, "turn"):
                 episode.turn = turn  # tools may appear in later turns (BFCL's missing functions)
             context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox), gate=gate or GateConfig(),
-                                    mode=mode, instructions=suite.instructions, sampling=sampling or {})
+                                    mode=mode, instructions=suite.instructions, sampling=sampling or {},
+                                    approve=approve)
             notes: dict[str, Any] = {}
             if rehearse_n > 0 and turn == 0:  # test-time rehearsal imagines the opening request
                 counting = CountingPolicy(policy)

@@ -69,3 +69,30 @@ def render_memory(records: list[RehearsalRecord], notes: str | None = None, *, l
         stopped = sum(1 for r in records if r.get("decision") in _STOPPED)
         sections.append(f"{mismatches} prediction(s) differed from reality; {stopped} call(s) were stopped by the gate.")
     return "\n\n".join(sections) if sections else None
+
+
+def summarize(records: list[RehearsalRecord]) -> dict[str, Any]:
+    """What happened to a run's proposed calls, counted from its rehearsal memory (the CLI's summary).
+
+    `stopped` counts calls the gate did not run, by its decision (`reject`, `feedback`, `block`,
+    `budget`); a human's "no" is counted in `denied`, not there. `matched` of `compared`: executed
+    calls whose rehearsal matched the real result."""
+    stopped: dict[str, int] = {}
+    for record in records:
+        decision = record.get("decision")
+        if decision in _STOPPED and decision != "rejected_by_human":
+            stopped[decision] = stopped.get(decision, 0) + 1
+    predictions = [r.get("prediction") for r in records]
+    compared = [r["match"] for r in records if r.get("match") is not None]
+    return {
+        "proposed": len(records),
+        "rehearsed": sum(p is not None for p in predictions),
+        "predicted_to_fail": sum(1 for p in predictions if p and p.get("status") == "tool_error"),
+        "stopped": stopped,
+        "approved": sum(1 for r in records if r.get("approved") is True),
+        "denied": sum(1 for r in records if r.get("approved") is False),
+        "executed": sum(1 for r in records if r.get("real") is not None),
+        "simulated": sum(1 for r in records if r.get("decision") == "simulate"),
+        "compared": len(compared),
+        "matched": sum(1 for m in compared if m >= 0.999),
+    }

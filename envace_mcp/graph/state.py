@@ -9,6 +9,7 @@ context and never enter state.
 from __future__ import annotations
 
 import operator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,21 @@ class RehearsalRecord(TypedDict, total=False):
     """Prediction-vs-reality score in [0, 1] when both exist (`policy.fidelity.compare`)."""
     mismatches: list[str]
     approved: bool | None
+
+
+class ApprovalRequest(TypedDict):
+    """What a human (or `EnvaceContext.approve`) is shown for a call the gate wants approved."""
+
+    call: dict[str, Any]
+    """`{"name": ..., "arguments": ...}`"""
+    rehearsal: dict[str, Any] | None
+    """The rehearsed outcome (`Prediction.model_dump()`), `None` when not rehearsed."""
+    reason: str | None
+    question: str
+
+
+Approver = Callable[[ApprovalRequest], "bool | Awaitable[bool]"]
+"""`EnvaceContext.approve`: sync or async, True to run the call."""
 
 
 def upsert_records(left: list[RehearsalRecord] | None, right: list[RehearsalRecord] | None) -> list[RehearsalRecord]:
@@ -92,6 +108,11 @@ class EnvaceContext:
     sampling: dict[Role, SamplingParams] = field(default_factory=dict)
     memory_items: int = 8
     """Most recent rehearsal records rendered into the act prompt."""
+    approve: Any = None
+    """`Approver`: who answers the gate's `ask` decisions inside the run (a terminal prompt, a rule).
+    `None`: the act node calls LangGraph's `interrupt()` and the caller resumes with
+    `Command(resume=...)` (needs a checkpointer). Typed `Any` like the other services: the context's
+    JSON schema (LangGraph servers publish it) has no type for a callable."""
 
     def ensure(self) -> EnvaceContext:
         """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use)."""

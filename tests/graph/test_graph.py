@@ -103,16 +103,21 @@ async def test_mismatches_between_rehearsal_and_reality_are_scored_and_shown_to_
     assert "MISMATCH" in policy.calls[-1][1].memory
 
 
-async def test_approvals_for_two_parallel_calls_are_both_shown_and_resuming_runs_nothing_twice(bank):
-    suite, task = bank
-    a = ids(task)
+def two_transfers(a, also=""):
+    """A policy that proposes two transfers (10 and 20) in one turn, rehearsed as successes, then answers."""
     first = dict(from_account_id=a["checking"], to_account_id=a["savings"], amount=10)
     second = dict(from_account_id=a["checking"], to_account_id=a["savings"], amount=20)
-    policy = ScriptedPolicy(
-        act=[call("transfer", **first) + call("transfer", **second) + call("echo", text="read"), "Done."],
+    return ScriptedPolicy(
+        act=[call("transfer", **first) + call("transfer", **second) + also, "Done."],
         rehearse=[result(transfer_id="T1", **first, from_balance=0, to_balance=0),
                   result(transfer_id="T2", **second, from_balance=0, to_balance=0)],
     )
+
+
+async def test_approvals_for_two_parallel_calls_are_both_shown_and_resuming_runs_nothing_twice(bank):
+    suite, task = bank
+    a = ids(task)
+    policy = two_transfers(a, also=call("echo", text="read"))
     probe = build_probe()
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server(), "probe": probe}) as toolbox:
@@ -135,6 +140,33 @@ async def test_approvals_for_two_parallel_calls_are_both_shown_and_resuming_runs
     decisions = {r["arguments"].get("amount"): r.get("decision") for r in out["rehearsals"]}
     assert decisions == {10: "ask", 20: "rejected_by_human", None: "execute"}
     assert out["real_calls"] == 2 and out["final_answer"] == "Done."
+
+
+async def test_an_approver_in_the_context_answers_asks_inside_the_run_without_a_checkpointer(bank):
+    from envace_mcp.graph.memory import summarize
+
+    suite, task = bank
+    a = ids(task)
+    policy = two_transfers(a)
+    asked = []
+
+    async def approve(request):
+        asked.append(request)
+        return request["call"]["arguments"]["amount"] == 10
+
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(episode.meta), task, approve=approve,
+                        gate=GateConfig(require_approval="destructive"))
+        final = await episode.final_state(toolbox)
+    policy.assert_complete()
+    assert sorted(r["call"]["arguments"]["amount"] for r in asked) == [10, 20]
+    assert all(r["rehearsal"]["status"] == "result" and "approval required" in r["reason"] for r in asked)
+    start = task.initial_state["accounts"][a["checking"]]["balance"]
+    assert round(start - final["accounts"][a["checking"]]["balance"], 2) == 10.0
+    assert summarize(out["rehearsals"]) == {
+        "proposed": 2, "rehearsed": 2, "predicted_to_fail": 0, "stopped": {}, "approved": 1, "denied": 1,
+        "executed": 1, "simulated": 0, "compared": 1, "matched": 0}
 
 
 async def test_simulated_mode_needs_no_server(bank, bank_catalog):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -11,7 +12,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
-from envace_mcp.graph.state import EnvaceContext, RehearsalRecord
+from envace_mcp.graph.state import ApprovalRequest, EnvaceContext, RehearsalRecord
 from envace_mcp.policy.fidelity import compare
 from envace_mcp.policy.types import Prediction
 
@@ -54,9 +55,15 @@ async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, A
     decision = record.get("decision", "execute")
     update: RehearsalRecord = {"call_id": call["id"]}
     if decision == "ask":
-        answer = interrupt({"call": {"name": call["name"], "arguments": call["args"]},
-                            "rehearsal": record.get("prediction"), "reason": record.get("reason"),
-                            "question": "Run this call? Resume with True/'yes' or False/'no'."})
+        request: ApprovalRequest = {"call": {"name": call["name"], "arguments": call["args"]},
+                                    "rehearsal": record.get("prediction"), "reason": record.get("reason"),
+                                    "question": "Run this call? Resume with True/'yes' or False/'no'."}
+        if ctx.approve is not None:
+            answer = ctx.approve(request)
+            if inspect.isawaitable(answer):
+                answer = await answer
+        else:
+            answer = interrupt(request)
         update["approved"] = approved(answer)
         if not update["approved"]:
             update["decision"] = "rejected_by_human"
