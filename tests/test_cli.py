@@ -48,7 +48,7 @@ def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
     assert out.returncode == 0, out.stderr
     assert "final answer:" in out.stdout
     bad = run("run", "x", "--gate", "bogus=1")
-    assert bad.returncode == 2 and "unknown gate setting 'bogus'" in bad.stdout
+    assert bad.returncode == 2 and "unknown setting 'bogus'" in bad.stderr
 
 
 def test_demo_over_http_for_retail():
@@ -60,7 +60,7 @@ def test_demo_over_http_for_retail():
 def test_call_prints_errors_as_data_with_a_failing_exit_code(tmp_path):
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"bank": {"command": sys.executable,
-                                                          "args": ["-m", "envace_mcp.servers.bank"]}}}))
+                                                          "args": ["-P", "-m", "envace_mcp.servers.bank"]}}}))
     out = run("call", "transfer", '{"from_account_id": "A", "amount": -3}', "--servers", str(config))
     assert out.returncode == 1
     result = json.loads(out.stdout)
@@ -69,9 +69,9 @@ def test_call_prints_errors_as_data_with_a_failing_exit_code(tmp_path):
 
 def test_bad_input_gets_a_clear_message_not_a_traceback(tmp_path):
     missing = run("servers", "ls", "--servers", str(tmp_path / "none.json"))
-    assert missing.returncode == 2 and "does not exist" in missing.stdout and "Traceback" not in missing.stderr
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
     unknown = run("tasks", "show", "bank/test/9999")
-    assert unknown.returncode == 2 and "no task" in unknown.stdout
+    assert unknown.returncode == 2 and "no task" in unknown.stderr
 
 
 def test_tasks_ls_lists_a_split():
@@ -120,3 +120,14 @@ def test_the_embedded_model_comes_with_its_shipped_adapter_unless_told_none():
     assert _adapter(None, "none") is None and _adapter(None, "None") is None
     assert _adapter("some/model", None) is None  # another model: nothing stacked on it unasked
     assert _adapter("some/model", "my-adapter") == "my-adapter" == _adapter(None, "my-adapter")
+
+
+def test_eval_off_a_terminal_prints_plain_progress_lines_and_no_library_noise(tmp_path):
+    out = subprocess.run([*ENVACE, "eval", "--suite", "bank", "--policy", "reference", "--limit", "3",
+                          "--out", str(tmp_path / "eval")], capture_output=True, text=True, timeout=300,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "ENVACE_PROGRESS_INTERVAL": "3600"})
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[eval ")]
+    assert lines[0].endswith("0/3 (0%)  elapsed 0s")
+    assert "3/3 (100%)  passed 3/3  mean score 1" in lines[-1] and lines[-1].endswith("done")
+    assert out.stderr == ""

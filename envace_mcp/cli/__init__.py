@@ -29,5 +29,29 @@ app.add_typer(traces_app, name="traces")
 app.add_typer(train_app, name="train")
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The console script: a bad argument is one `error:` line naming it, exit code 2, before any model
+    or server starts (Click's usage errors otherwise print a boxed, multi-line message)."""
+    import sys
+
+    import typer
+    from rich.text import Text
+
+    from envace_mcp.cli._common import err_console
+
+    try:
+        code = app(args=argv, prog_name="envace", standalone_mode=False)
+    except typer.Abort:
+        err_console.print("aborted")
+        code = 1
+    except typer.TyperException as exc:  # Click's usage and file errors (typer vendors Click)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined]
+            code = 0
+        else:
+            ctx = getattr(exc, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            message = exc.format_message().replace(": Value error, ", ": ")  # type: ignore[attr-defined]
+            err_console.print(Text.assemble(("error: ", "bold red"), where + message))
+            code = getattr(exc, "exit_code", 2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -18,9 +20,76 @@ policy_app = typer.Typer(no_args_is_help=True, help="The policy model: try its r
 traces_app = typer.Typer(no_args_is_help=True, help="Recorded runs: list, show, summarise.")
 train_app = typer.Typer(no_args_is_help=True, help="Training from recorded runs: SFT warm start, offline GRPO.")
 
-console = Console()
+# Off a terminal rich would squeeze tables into 80 columns; logs read better wider.
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
-ServersOpt = Annotated[Optional[Path], typer.Option("--servers", "-s", help="mcpServers JSON file (default: the bundled servers over stdio)")]
+
+@app.callback()
+def _options(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="show third-party warnings, log messages and loading bars")] = False) -> None:
+    """Agents that rehearse before they act (EnvACE) for LangGraph + MCP."""
+    if not verbose and not os.environ.get("ENVACE_VERBOSE"):
+        quiet_third_parties()
+
+
+def quiet_third_parties() -> None:
+    """Keep library noise (deprecation warnings, weight-loading bars, info logs) out of the terminal:
+    what the user reads is our own output. Set before transformers or huggingface_hub is imported."""
+    import warnings
+
+    for name, value in (("TRANSFORMERS_VERBOSITY", "error"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+                        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(name, value)
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"envace_mcp(\.|$)")
+
+
+def _servers_file(value: Path | None) -> Path | None:
+    """`--servers` is read and checked when the command line is parsed, before any model loads."""
+    if value is not None:
+        from envace_mcp.toolbox.config import load_servers
+
+        try:
+            load_servers(value)
+        except EnvaceError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be greater than 0, not {value}")
+    return value
+
+
+def _model_name(value: str | None) -> str | None:
+    """A Hugging Face id or a folder; something written as a path must be an existing folder."""
+    if value is not None:
+        path = Path(value).expanduser()
+        if path.exists() and not path.is_dir():
+            raise typer.BadParameter(f"{value!r} is a file; give a model folder or a Hugging Face id")
+        looks_like_path = value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value
+        if looks_like_path and not path.exists():
+            raise typer.BadParameter(f"model folder {value!r} does not exist")
+    return value
+
+
+def _adapter_folder(value: str | None) -> str | None:
+    if value is not None and value.lower() != "none":
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            raise typer.BadParameter(f"adapter folder {value!r} {'is a file' if path.exists() else 'does not exist'}"
+                                     " (or 'none' for no adapter)")
+    return value
+
+
+ServersOpt = Annotated[Optional[Path], typer.Option(
+    "--servers", "-s", exists=True, dir_okay=False, callback=_servers_file,
+    help="mcpServers JSON file (default: the bundled servers over stdio)")]
+ModelOpt = Annotated[Optional[str], typer.Option(callback=_model_name,
+                                                 help="Hugging Face id or folder (default: embedded SmolLM2)")]
+TracesOut = Annotated[Optional[Path], typer.Option(file_okay=False, help="record the run into this trace folder")]
 
 
 def _bundled_config() -> dict[str, Any]:
@@ -56,6 +125,7 @@ def _catalog_table(catalog: Any) -> Table:
 
 
 AdapterOpt = Annotated[Optional[str], typer.Option(
+    callback=_adapter_folder,
     help="a LoRA adapter folder; with the embedded model the shipped bank adapter is the default, 'none' for the bare model")]
 
 
@@ -70,8 +140,11 @@ def _adapter(model: str | None, adapter: str | None) -> str | None:
     return None
 
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[bold red]error:[/] {exc}")
+def _fail(exc: Exception) -> NoReturn:
+    """Bad input or a failed service: one `error:` line on stderr (no traceback), exit code 2."""
+    from rich.text import Text
+
+    err_console.print(Text.assemble(("error: ", "bold red"), str(exc)))
     raise typer.Exit(2)
 
 
@@ -85,32 +158,55 @@ def _suite(domain: str, seed: int = 0) -> Any:
 
 
 
-def _gate(spec: str | None, **overrides: Any) -> Any:
-    """`rehearse=all,require_approval=destructive,max_steps=6` as a GateConfig."""
+def _gate(spec: str | None, defaults: dict[str, Any] | None = None, **overrides: Any) -> Any:
+    """`rehearse=all,require_approval=destructive,max_steps=6` as a GateConfig: `defaults` under the
+    spec, `overrides` (set options) over it."""
     import dataclasses
+    import typing
 
     from envace_mcp.graph import GateConfig
 
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(defaults or {})
     fields = {f.name: f for f in dataclasses.fields(GateConfig)}
     for item in filter(None, (spec or "").split(",")):
-        key, _, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip().replace("-", "_"), raw.strip()
         if key not in fields:
-            _fail(ValueError(f"unknown gate setting {key!r}; known: {', '.join(fields)}"))
-        default = getattr(GateConfig(), key)
-        raw = raw.strip()
-        if isinstance(default, bool):
-            values[key] = raw.lower() in ("1", "true", "yes", "on")
-        elif isinstance(default, int) or key.startswith("max_"):
-            values[key] = None if raw.lower() in ("none", "") else int(raw)
-        else:
-            values[key] = raw
+            _fail(ValueError(f"--gate: unknown setting {key!r}; known: {', '.join(fields)}"))
+        if not sep:
+            _fail(ValueError(f"--gate: {key!r} needs a value ({key}=...)"))
+        values[key] = _gate_value(key, raw, typing.get_type_hints(GateConfig)[key])
     values.update({k: v for k, v in overrides.items() if v is not None})
+    return GateConfig(**values)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _gate_value(key: str, raw: str, hint: Any) -> Any:
+    import typing
+
+    """One `--gate` value, typed like the GateConfig field it sets (a Literal, bool, int or int | None)."""
+    choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+    if choices:
+        if raw not in choices:
+            _fail(ValueError(f"--gate: {key} must be one of {', '.join(choices)}, not {raw!r}"))
+        return raw
+    if hint is bool:
+        if raw.lower() not in _TRUE + _FALSE:
+            _fail(ValueError(f"--gate: {key} must be true or false, not {raw!r}"))
+        return raw.lower() in _TRUE
+    optional = type(None) in typing.get_args(hint)
+    if optional and raw.lower() == "none":
+        return None
     try:
-        return GateConfig(**values)
-    except TypeError as exc:
-        _fail(ValueError(f"bad gate settings: {exc}"))
+        number = int(raw)
+    except ValueError:
+        _fail(ValueError(f"--gate: {key} must be a whole number{' or none' if optional else ''}, not {raw!r}"))
+    least = 1 if key == "max_steps" else 0
+    if number < least:
+        _fail(ValueError(f"--gate: {key} must be at least {least}, not {number}"))
+    return number
 
 
 def _sampling(max_new_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
@@ -121,7 +217,7 @@ def _sampling(max_new_tokens: int, temperature: float, seed: int) -> dict[str, A
 
 
 
-TracesDir = Annotated[Path, typer.Argument(help="a trace folder")]
+TracesDir = Annotated[Path, typer.Argument(exists=True, file_okay=False, help="a trace folder")]
 
 
 def _store(directory: Path) -> Any:
@@ -137,3 +233,10 @@ def _report_problems(store: Any) -> None:
         console.print(f"[yellow]warning:[/] {problem}")
 
 
+
+
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="approve destructive calls without asking (they are still shown)")]
+
+INTERACTIVE_GATE = {"require_approval": "destructive"}
+"""`envace demo` and `envace run` ask before any destructive call (the terminal shows the call and its
+rehearsed outcome); `--gate require_approval=never` or `--yes` for unattended runs."""

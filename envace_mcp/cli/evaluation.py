@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
 
-from envace_mcp.cli._common import _fail, _gate, _suite, app, console
+from envace_mcp.cli._common import ModelOpt, _adapter_folder, _fail, _gate, _suite, app, console
 from envace_mcp.errors import EnvaceError
 
 
@@ -18,40 +18,38 @@ def eval_command(
     suite: Annotated[str, typer.Option(help="bank, retail, tau2-airline, tau2-retail, bfcl-base, bfcl-miss_func, "
                                             "bfcl-miss_param, bfcl-long_context, bfcl-simple, bfcl-multiple, "
                                             "bfcl-parallel, bfcl-parallel_multiple, bfcl-irrelevance")],
-    out: Annotated[Path, typer.Option(help="folder for results.json / .md / .png and traces/")],
-    split: Annotated[str, typer.Option(help="train or test")] = "test",
-    limit: Annotated[Optional[int], typer.Option(help="the first K tasks of the split")] = None,
+    out: Annotated[Path, typer.Option(file_okay=False, help="folder for results.json / .md / .png and traces/")],
+    split: Annotated[Literal["train", "test"], typer.Option(help="which split's tasks")] = "test",
+    limit: Annotated[Optional[int], typer.Option(min=1, help="the first K tasks of the split")] = None,
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Hugging Face id or folder (default: embedded SmolLM2)")] = None,
-    adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder")] = None,
-    policy: Annotated[str, typer.Option(help="model; reference (the tasks' reference solutions: a ceiling); "
-                                             "noop (answers without calling anything: the floor)")] = "model",
-    mode: Annotated[str, typer.Option(help="real, simulated or mixed")] = "real",
-    rehearse: Annotated[int, typer.Option(help="imagined runs before each real one (test-time rehearsal N)")] = 0,
-    strategy: Annotated[str, typer.Option(help="parallel or sequential test-time rehearsal")] = "parallel",
-    repeats: Annotated[int, typer.Option(help="runs per task (pass^k needs k <= repeats)")] = 1,
-    concurrency: Annotated[int, typer.Option(help="runs in flight together (batched generation)")] = 8,
-    transport: Annotated[Optional[str], typer.Option(help="inprocess, stdio or http (default: the suite's first)")] = None,
+    model: ModelOpt = None,
+    adapter: Annotated[Optional[str], typer.Option(callback=_adapter_folder, help="a LoRA adapter folder")] = None,
+    policy: Annotated[Literal["model", "reference", "noop"], typer.Option(
+        help="model; reference (the tasks' reference solutions: a ceiling); "
+             "noop (answers without calling anything: the floor)")] = "model",
+    mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(help="where tool results come from")] = "real",
+    rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before each real one (test-time rehearsal N)")] = 0,
+    strategy: Annotated[Literal["parallel", "sequential"], typer.Option(help="test-time rehearsal strategy")] = "parallel",
+    repeats: Annotated[int, typer.Option(min=1, help="runs per task (pass^k needs k <= repeats)")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="runs in flight together (batched generation)")] = 8,
+    transport: Annotated[Optional[Literal["inprocess", "stdio", "http"]], typer.Option(
+        help="MCP transport (default: the suite's first)")] = None,
     gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,max_steps=8")] = None,
-    max_new_tokens: int = 160,
-    temperature: float = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
     compare: Annotated[Optional[str], typer.Option(
         help="a second configuration as changes to this one, e.g. 'rehearse=2' or 'adapter=runs/sft'; "
              "both run on the same tasks and the difference is reported with a 95 % bootstrap interval")] = None,
 ) -> None:
-    """Run a suite's tasks through the EnvACE graph and report success, pass^k, tool-call P/R/F1,
-    rehearsal fidelity and cost; every run is recorded as a trace."""
+    """Measure a configuration (or compare two) on a suite's tasks.
+
+    Reports success, pass^k, tool-call P/R/F1, rehearsal fidelity and cost; every run is recorded as
+    a trace."""
     import dataclasses
 
     from envace_mcp.eval.evaluate import EvalSettings, select_tasks
 
-    if mode not in ("real", "simulated", "mixed") or strategy not in ("parallel", "sequential"):
-        _fail(ValueError("--mode must be real, simulated or mixed; --strategy parallel or sequential"))
-    if policy not in ("model", "reference", "noop"):
-        _fail(ValueError("--policy must be model, reference or noop"))
-    if repeats < 1:
-        _fail(ValueError("--repeats must be at least 1"))
     target = _suite(suite)
     gate_config = dataclasses.asdict(_gate(gate)) if gate else {}
     settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
@@ -75,8 +73,7 @@ def eval_command(
 
 
 def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from envace_mcp._progress import Progress
     from envace_mcp.eval.evaluate import evaluate
 
     policy = None
@@ -88,15 +85,16 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
                 policy = load_policy(settings.model, adapter=settings.adapter)
             except EnvaceError as exc:
                 _fail(exc)
-    passed = [0, 0]
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        bar = progress.add_task(settings.label(), total=len(tasks) * settings.repeats)
+    passed, scores = [0, 0], []
+    with Progress(f"eval {settings.label()}", total=len(tasks) * settings.repeats, console=console) as progress:
 
         def on_run(record: dict[str, Any]) -> None:
             passed[0] += record["passed"]
             passed[1] += 1
-            progress.update(bar, advance=1, description=f"{settings.label()}  passed {passed[0]}/{passed[1]}")
+            if record.get("score") is not None:
+                scores.append(record["score"])
+            progress.advance(passed=f"{passed[0]}/{passed[1]}",
+                             **({"mean score": round(sum(scores) / len(scores), 3)} if scores else {}))
 
         try:
             return anyio.run(lambda: evaluate(suite, tasks, settings, out=out, policy=policy, on_run=on_run))

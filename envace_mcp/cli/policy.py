@@ -3,36 +3,36 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import anyio
 import typer
 
-from envace_mcp.cli._common import AdapterOpt, _adapter, _fail, _suite, console, policy_app
+from envace_mcp.cli._common import AdapterOpt, ModelOpt, _adapter, _fail, _suite, console, policy_app
 from envace_mcp.errors import EnvaceError
 
 
 @policy_app.command("try")
 def policy_try(
-    role: Annotated[str, typer.Option(help="rehearse or act")] = "rehearse",
+    role: Annotated[Literal["rehearse", "act"], typer.Option(help="which role to try")] = "rehearse",
     server: Annotated[str, typer.Option(help="a bundled server: bank or retail")] = "bank",
     tool: Annotated[Optional[str], typer.Option(help="the tool to rehearse (default: from the task)")] = None,
     args: Annotated[Optional[str], typer.Option(help="JSON arguments (default: the task's reference call)")] = None,
     task_id: Annotated[Optional[str], typer.Option("--task", help="task whose world and history to use")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Hugging Face id or local folder (default: embedded SmolLM2)")] = None,
+    model: ModelOpt = None,
     adapter: AdapterOpt = None,
-    max_new_tokens: int = 160,
-    temperature: float = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
 ) -> None:
     """Show the model's rehearsed prediction beside the real result (or its act turn for a task)."""
-    if role not in ("rehearse", "act"):
-        _fail(ValueError("--role must be rehearse or act"))
     suite = _suite(server)
     try:
         arguments = json.loads(args) if args else None
     except json.JSONDecodeError as exc:
         _fail(ValueError(f"--args is not JSON: {exc}"))
+    if arguments is not None and not isinstance(arguments, dict):
+        _fail(ValueError(f"--args must be a JSON object, not {type(arguments).__name__}"))
     try:
         task = suite.task(task_id) if task_id else next(
             (t for t in suite.split("test") if tool is None or any(a.tool == tool for a in t.actions)), None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
@@ -14,6 +14,7 @@ from envace_mcp.cli._common import (
     _bundled_config,
     _catalog_table,
     _fail,
+    _positive,
     _suite,
     app,
     console,
@@ -50,9 +51,9 @@ def servers_config() -> None:
 @servers_app.command("serve")
 def servers_serve(
     domain: Annotated[str, typer.Argument(help="bank or retail")],
-    transport: Annotated[str, typer.Option(help="stdio or http")] = "stdio",
+    transport: Annotated[Literal["stdio", "http"], typer.Option(help="MCP transport")] = "stdio",
     host: str = "127.0.0.1",
-    port: int = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port")] = 8000,
     seed: int = 0,
 ) -> None:
     """Run a bundled server in the foreground."""
@@ -62,8 +63,8 @@ def servers_serve(
 @tasks_app.command("ls")
 def tasks_ls(
     domain: Annotated[str, typer.Argument(help="bank or retail")],
-    split: Annotated[Optional[str], typer.Option(help="train or test")] = None,
-    limit: int = 20,
+    split: Annotated[Optional[Literal["train", "test"]], typer.Option(help="only this split")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="rows shown")] = 20,
     seed: int = 0,
 ) -> None:
     """List tasks of a bundled suite."""
@@ -97,7 +98,7 @@ def call(
     tool: str,
     arguments: Annotated[str, typer.Argument(help="JSON object of arguments")] = "{}",
     servers: ServersOpt = None,
-    timeout: float = 60.0,
+    timeout: Annotated[float, typer.Option(callback=_positive, help="seconds before the call gives up")] = 60.0,
 ) -> None:
     """Call one tool and print its result (errors are printed as data, exit code 1)."""
     from envace_mcp.toolbox import Toolbox
@@ -106,6 +107,8 @@ def call(
         args = json.loads(arguments)
     except json.JSONDecodeError as exc:
         _fail(ValueError(f"arguments are not JSON: {exc}"))
+    if not isinstance(args, dict):
+        _fail(ValueError(f"arguments must be a JSON object, not {type(args).__name__}"))
 
     async def main() -> Any:
         async with Toolbox(servers or _bundled_config(), timeout=timeout) as toolbox:

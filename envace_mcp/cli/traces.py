@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
@@ -13,6 +13,7 @@ from rich.table import Table
 from envace_mcp.cli._common import (
     TracesDir,
     _fail,
+    _model_name,
     _report_problems,
     _store,
     _suite,
@@ -28,7 +29,7 @@ def traces_ls(
     suite: Optional[str] = None,
     task: Optional[str] = None,
     status: Optional[str] = None,
-    limit: int = 50,
+    limit: Annotated[int, typer.Option(min=1, help="rows shown")] = 50,
 ) -> None:
     """A table of recorded runs (newest last)."""
     store = _store(directory)
@@ -54,7 +55,7 @@ def traces_ls(
 
 @traces_app.command("show")
 def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is enough)")],
-                directory: Annotated[Path, typer.Option("--dir", help="trace folder")] = Path("traces")) -> None:
+                directory: Annotated[Path, typer.Option("--dir", file_okay=False, help="trace folder")] = Path("traces")) -> None:
     """One run as a transcript: each call's rehearsal beside what really happened."""
     store = _store(directory)
     try:
@@ -135,23 +136,27 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
 
 @traces_app.command("reference")
 def traces_reference(
-    out: Annotated[Path, typer.Argument(help="trace folder to write")],
+    out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write")],
     suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
-    split: Annotated[str, typer.Option(help="train or test")] = "train",
-    limit: Annotated[Optional[int], typer.Option(help="only the first N tasks")] = None,
-    model: Annotated[Optional[str], typer.Option(help="tokenizer/model for token ids and logprobs")] = None,
+    split: Annotated[Literal["train", "test"], typer.Option(help="which split's tasks")] = "train",
+    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
+    model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids and logprobs")] = None,
     logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,
 ) -> None:
     """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
-    from rich.progress import Progress
-
+    from envace_mcp._progress import Progress
     from envace_mcp.policy import load_policy
     from envace_mcp.train.reference import record_reference_traces
 
-    _suite(suite)
+    total = len(_suite(suite).split(split))
     policy = load_policy(model)
-    with Progress(console=console) as progress:
-        bar = progress.add_task(f"{suite} {split} references", total=limit or len(_suite(suite).split(split)))
+    scores: list[float] = []
+
+    def on_task(task_id: str, score: float) -> None:
+        scores.append(score)
+        progress.advance(**{"mean score": round(sum(scores) / len(scores), 3)})
+
+    with Progress(f"{suite} {split} references", total=min(limit or total, total), console=console) as progress:
         written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit, score=logprobs,
-                                                            on_task=lambda *_: progress.advance(bar)))
+                                                            on_task=on_task))
     console.print(f"wrote {written} runs to {out}")

@@ -4,33 +4,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
 
-from envace_mcp.cli._common import _fail, _store, _suite, console, train_app
+from envace_mcp.cli._common import _fail, _model_name, _positive, _store, _suite, console, train_app
 from envace_mcp.errors import EnvaceError
 
 
 @train_app.command("sft")
 def train_sft_command(
-    traces: Annotated[Path, typer.Option(help="trace folder (e.g. from `envace traces reference`)")],
-    out: Annotated[Path, typer.Option(help="where the adapter (or model) is saved")],
-    model: Annotated[Optional[str], typer.Option(help="base model (default: embedded SmolLM2)")] = None,
+    traces: Annotated[Path, typer.Option(exists=True, file_okay=False, help="trace folder (e.g. from `envace traces reference`)")],
+    out: Annotated[Path, typer.Option(file_okay=False, help="where the adapter (or model) is saved")],
+    model: Annotated[Optional[str], typer.Option(callback=_model_name, help="base model (default: embedded SmolLM2)")] = None,
     full: Annotated[bool, typer.Option("--full", help="full fine-tune instead of LoRA")] = False,
-    epochs: int = 2,
-    lr: Optional[float] = None,
-    batch_size: Annotated[int, typer.Option(help="rows per optimizer step")] = 16,
-    min_reward: float = 1.0,
+    epochs: Annotated[int, typer.Option(min=1)] = 2,
+    lr: Annotated[Optional[float], typer.Option(callback=_positive, help="learning rate (default: 2e-4 LoRA, 1e-5 full)")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="rows per optimizer step")] = 16,
+    min_reward: Annotated[float, typer.Option(help="runs whose task reward is below this are left out")] = 1.0,
     bf16: Annotated[bool, typer.Option("--bf16", help="bf16 autocast (1.6-2.2x faster on AMX CPUs and GPUs)")] = False,
     share_prefix: Annotated[bool, typer.Option(help="pack each micro-batch with its common prompt prefix once (exact)")] = True,
-    micro_batch: Annotated[int, typer.Option(help="rows per forward pass (gradients accumulate over --batch-size); 0 = all")] = 4,
-    lora_r: int = 16,
+    micro_batch: Annotated[int, typer.Option(min=0, help="rows per forward pass (gradients accumulate over --batch-size); 0 = all")] = 4,
+    lora_r: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 16,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
-    from rich.progress import Progress
+    store = _store(traces)  # read before anything heavy is imported
+    if not any(True for _ in store.read()):
+        _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp._progress import Progress
 
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
@@ -39,19 +43,19 @@ def train_sft_command(
     tokenizer = AutoTokenizer.from_pretrained(name)
     lm = AutoModelForCausalLM.from_pretrained(name)
     encode, end = target_encoding(tokenizer)
-    rows = sft_rows(_store(traces).read(), encode, end, min_reward=min_reward)
+    rows = sft_rows(store.read(), encode, end, min_reward=min_reward)
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
     config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
                        bf16=bf16, share_prefix=share_prefix, micro_batch=micro_batch, lora_r=lora_r, lora_alpha=2 * lora_r)
     out.mkdir(parents=True, exist_ok=True)
-    with Progress(console=console) as progress, open(out / "metrics.jsonl", "w") as log:
-        bar = progress.add_task("SFT", total=config.epochs * ((len(rows) + batch_size - 1) // batch_size))
+    steps = config.epochs * ((len(rows) + batch_size - 1) // batch_size)
+    with Progress("SFT", total=steps, console=console) as progress, open(out / "metrics.jsonl", "w") as log:
 
         def on_step(m: dict[str, float]) -> None:
             log.write(json.dumps(m) + "\n")
             log.flush()  # readable while training runs
-            progress.update(bar, advance=1, description=f"SFT loss {m['loss']:.3f}")
+            progress.advance(loss=round(m["loss"], 4))
 
         train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)
     tokenizer.save_pretrained(out)
@@ -60,29 +64,32 @@ def train_sft_command(
 
 @train_app.command("grpo")
 def train_grpo_command(
-    out: Annotated[Path, typer.Option(help="checkpoints, metrics.jsonl and metrics.png go here")],
-    traces: Annotated[Optional[Path], typer.Option(help="offline: a trace folder of grouped, rewarded runs")] = None,
+    out: Annotated[Path, typer.Option(file_okay=False, help="checkpoints, metrics.jsonl and metrics.png go here")],
+    traces: Annotated[Optional[Path], typer.Option(exists=True, file_okay=False,
+                                                   help="offline: a trace folder of grouped, rewarded runs")] = None,
     suite: Annotated[Optional[str], typer.Option(help="online: roll out this bundled suite's train tasks")] = None,
-    k: Annotated[int, typer.Option(help="online: runs per task (GRPO group size)")] = 4,
-    mode: Annotated[str, typer.Option(help="online: simulated (EnvACE), real or mixed")] = "simulated",
-    max_new_tokens: int = 128,
-    config: Annotated[Optional[Path], typer.Option(help="GRPOConfig as JSON (every field optional)")] = None,
-    steps: Optional[int] = None,
+    k: Annotated[int, typer.Option(min=2, help="online: runs per task (GRPO group size)")] = 4,
+    mode: Annotated[Literal["simulated", "real", "mixed"], typer.Option(help="online: where tool results come from")] = "simulated",
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    config: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="GRPOConfig as JSON (every field optional)")] = None,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (overrides the config)")] = None,
 ) -> None:
     """EnvACE role-wise GRPO, from recorded runs (--traces) or fresh rollouts (--suite); the same --out resumes."""
+    if (traces is None) == (suite is None):
+        _fail(ValueError("give exactly one of --traces (offline) or --suite (online rollouts)"))
+    if suite is not None:
+        _suite(suite)
     from pydantic import ValidationError
 
     from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
 
-    if (traces is None) == (suite is None):
-        _fail(ValueError("give exactly one of --traces (offline) or --suite (online rollouts)"))
-    if mode not in ("simulated", "real", "mixed"):
-        _fail(ValueError("--mode must be simulated, real or mixed"))
-
     try:
         settings = GRPOConfig(**(json.loads(config.read_text()) if config else {}))
-    except (ValidationError, ValueError, OSError) as exc:
-        _fail(ValueError(f"bad GRPO config: {exc}"))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(config)'}: {e['msg']}" for e in exc.errors())
+        _fail(ValueError(f"bad GRPO config {str(config)!r}: {problems}"))
+    except (ValueError, TypeError, OSError) as exc:
+        _fail(ValueError(f"bad GRPO config {str(config)!r}: {exc}"))
     if steps is not None:
         settings.steps = steps
     try:

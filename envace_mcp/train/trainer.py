@@ -368,23 +368,18 @@ class OfflineGRPO:
         self.out.mkdir(parents=True, exist_ok=True)
         self.load()
         records = []
-        bar = None
-        if progress and self.rank == 0:
-            from rich.progress import Progress
+        from envace_mcp._progress import Progress
 
-            bar = Progress()
-            bar.start()
-            task = bar.add_task("GRPO", total=self.config.steps, completed=self.step)
-        try:
+        with contextlib.ExitStack() as stack:
+            bar = (stack.enter_context(Progress("GRPO", total=self.config.steps, completed=self.step))
+                   if progress and self.rank == 0 else None)
             while self.step < self.config.steps:
                 records.append(self.train_step())
                 if bar is not None:
-                    bar.update(task, completed=self.step, description=f"GRPO loss {records[-1]['loss']:.4f}")
+                    bar.update(completed=self.step, loss=round(records[-1]["loss"], 4),
+                               reward=round(records[-1]["reward"], 3))
                 if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
                     self.save()
-        finally:
-            if bar is not None:
-                bar.stop()
         if self.rank == 0:
             plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
         distributed.barrier()

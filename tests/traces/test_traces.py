@@ -360,7 +360,7 @@ def test_traces_cli_lists_shows_and_summarises_runs(tmp_path):
     stats = cli("traces", "stats", str(fixtures))
     assert stats.returncode == 0 and "50.0%" in stats.stdout and "1.000 over 2 calls" in stats.stdout
     missing = cli("traces", "ls", str(tmp_path / "nope"))
-    assert missing.returncode == 2 and "does not exist" in missing.stdout
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
     torn = tmp_path / "torn"
     torn.mkdir()
     (torn / "traces.jsonl").write_bytes((fixtures / "traces.jsonl").read_bytes()[:-500])

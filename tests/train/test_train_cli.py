@@ -42,4 +42,4 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"epsilon_typo": 1}))
     refused = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "g2"), "--config", str(bad))
-    assert refused.returncode == 2 and "bad GRPO config" in refused.stdout
+    assert refused.returncode == 2 and "bad GRPO config" in refused.stderr

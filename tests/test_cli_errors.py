@@ -1,0 +1,128 @@
+"""Bad command lines, run through the real `envace` entry point: one `error:` line naming what was
+wrong, exit code 2, and nothing heavy started (no model: neither torch nor transformers imported; a
+GRPO config is checked by its pydantic model, whose module needs torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+# Runs the CLI as `python -m envace_mcp.cli` does, and notes at exit which heavy modules were imported.
+WRAPPER = """
+import atexit, os, runpy, sys
+atexit.register(lambda: open(os.environ["LOADED"], "w").write(
+    " ".join(m for m in ("torch", "transformers") if m in sys.modules)))
+sys.argv[0] = "envace"
+runpy.run_module("envace_mcp.cli", run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "a-file").write_text("not a folder")
+    (root / "folder").mkdir()
+    (root / "broken.json").write_text("{not json")
+    (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
+    (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
+    return root
+
+
+# (arguments, a fragment the one error line must contain); {f} is the folder of the fixture files
+BAD = [
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--limit", "-1"], "'--limit'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--limit", "0"], "'--limit'"),
+    (["eval", "--suite", "bank", "--out", "{f}/a-file"], "'--out'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--repeats", "0"], "'--repeats'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--concurrency", "0"], "'--concurrency'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--mode", "dreamy"], "'--mode'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--split", "dev"], "'--split'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--transport", "pigeon"], "'--transport'"),
+    (["eval", "--suite", "nosuch", "--out", "{f}/out"], "unknown suite 'nosuch'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--task", "bank/test/9999"], "no task 'bank/test/9999'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--adapter", "{f}/missing"], "'--adapter'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "colour=blue"], "key=value"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--gate", "max_steps=abc"], "max_steps"),
+    (["run", "x", "--servers", "{f}/folder"], "'--servers'"),
+    (["run", "x", "--servers", "/nonexistent.json"], "does not exist"),
+    (["run", "x", "--servers", "{f}/broken.json"], "not valid JSON"),
+    (["run", "x", "--servers", "{f}/no-servers.json"], "no servers configured"),
+    (["run", "x", "--gate", "max_steps=abc"], "max_steps must be a whole number"),
+    (["run", "x", "--gate", "max_steps=0"], "max_steps must be at least 1"),
+    (["run", "x", "--gate", "rehearse=some"], "rehearse must be one of all, writes, none"),
+    (["run", "x", "--gate", "approve_blocked=perhaps"], "approve_blocked must be true or false"),
+    (["run", "x", "--gate", "bogus=1"], "unknown setting 'bogus'"),
+    (["run", "x", "--gate", "max_steps"], "needs a value"),
+    (["run", "x", "--temperature", "-1"], "'--temperature'"),
+    (["run", "x", "--model", "./no/such/model"], "'--model'"),
+    (["run", "x", "--model", "{f}/a-file"], "'--model'"),
+    (["run", "x", "--traces", "{f}/a-file"], "'--traces'"),
+    (["demo", "--transport", "pigeon"], "'--transport'"),
+    (["demo", "--domain", "casino"], "unknown suite 'casino'"),
+    (["demo", "--task", "bank/test/9999"], "no task"),
+    (["demo", "--max-steps", "0"], "'--max-steps'"),
+    (["demo", "--adapter", "{f}/a-file"], "is a file"),
+    (["demo", "--bogus"], "No such option: --bogus"),
+    (["servers", "serve", "bank", "--port", "99999"], "'--port'"),
+    (["servers", "serve", "bank", "--transport", "sse"], "'--transport'"),
+    (["servers", "ls", "--servers", "{f}/broken.json"], "not valid JSON"),
+    (["call", "get_balance", "[1]"], "must be a JSON object"),
+    (["call", "get_balance", "{oops"], "not JSON"),
+    (["call", "get_balance", "{}", "--timeout", "0"], "'--timeout'"),
+    (["tasks", "ls", "bank", "--limit", "0"], "'--limit'"),
+    (["tasks", "ls", "bank", "--split", "dev"], "'--split'"),
+    (["tasks", "show", "bank/test/9999"], "no task"),
+    (["traces", "ls", "{f}/a-file"], "is a file"),
+    (["traces", "stats", "{f}/a-file"], "is a file"),
+    (["traces", "ls", "{f}/missing"], "does not exist"),
+    (["traces", "ls", "{f}/folder", "--limit", "0"], "'--limit'"),
+    (["traces", "show", "abc", "--dir", "{f}/a-file"], "is a file"),
+    (["traces", "reference", "{f}/a-file"], "is a file"),
+    (["traces", "reference", "{f}/out", "--limit", "-3"], "'--limit'"),
+    (["policy", "try", "--role", "judge"], "'--role'"),
+    (["policy", "try", "--args", "[1, 2]"], "must be a JSON object"),
+    (["policy", "try", "--server", "casino"], "unknown suite"),
+    (["train", "sft", "--traces", "{f}/missing", "--out", "{f}/out"], "'--traces'"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out"], "no recorded runs"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--epochs", "0"], "'--epochs'"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--lr", "0"], "'--lr'"),
+    (["train", "grpo", "--out", "{f}/out"], "exactly one of --traces"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "casino"], "unknown suite"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--k", "1"], "'--k'"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--steps", "0"], "'--steps'"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/grpo.json"], "colour: Extra inputs"),
+    (["train", "grpo", "--out", "{f}/a-file", "--suite", "bank"], "'--out'"),
+]
+
+
+def invoke(args: list[str], folder: Path) -> tuple[subprocess.CompletedProcess, str]:
+    loaded = folder / f"loaded-{abs(hash(tuple(args)))}"
+    env = {**os.environ, "LOADED": str(loaded), "COLUMNS": "100", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", WRAPPER, *[a.replace("{f}", str(folder)) for a in args]],
+                         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    return out, loaded.read_text() if loaded.exists() else "?"
+
+
+def test_every_bad_invocation_fails_in_one_line_with_exit_code_2_before_anything_heavy_starts(files):
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda case: invoke(case[0], files), BAD))
+    wrong = []
+    for (args, fragment), (out, loaded) in zip(BAD, results):
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        ok = (out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+              and out.stdout == "" and loaded in ("", "torch" if "--config" in args else ""))
+        if not ok:
+            wrong.append(f"{' '.join(args)} -> rc {out.returncode}, loaded [{loaded}], stderr {out.stderr[-600:]!r}")
+    assert not wrong, "\n".join(wrong)
+    assert not (files / "out").exists()  # nothing was written for any of them
+
+
+def test_no_arguments_shows_the_help_and_exits_0():
+    out = subprocess.run([sys.executable, "-m", "envace_mcp.cli"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "demo" in out.stdout and "train" in out.stdout
