@@ -1,9 +1,12 @@
 """The EnvACE graph for `langgraph dev` / LangGraph Platform (see `graphs/langgraph.json`).
 
-Reading the graph or its schemas starts nothing: the model and the MCP servers are loaded on the
-first run, from the run's context (`{"servers": "mcp.json", "model": null, "mode": "real"}`) or
-from the environment (`ENVACE_SERVERS`, `ENVACE_MODEL`, `ENVACE_MODE`). The server supplies
-persistence, so the graph is compiled without a checkpointer here.
+Reading the graph or its schemas starts nothing. The first run loads the model and starts the MCP
+servers, in a worker thread (LangGraph's server refuses blocking calls on its event loop, and they
+would stall every other run), from the run's context (`{"servers": "mcp.json", "model": null,
+"adapter": null, "mode": "real"}`) or from the environment (`ENVACE_SERVERS`, `ENVACE_MODEL`,
+`ENVACE_ADAPTER`, `ENVACE_MODE`). With no model named it is `envace demo`'s: the embedded SmolLM2
+with its shipped adapter. The server supplies persistence, so the graph is compiled without a
+checkpointer here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class ServedContext(EnvaceContext):
 
     servers: str | None = field(default_factory=lambda: os.environ.get("ENVACE_SERVERS"))
     model: str | None = field(default_factory=lambda: os.environ.get("ENVACE_MODEL"))
+    adapter: str | None = field(default_factory=lambda: os.environ.get("ENVACE_ADAPTER"))
     mode: Mode = field(default_factory=lambda: os.environ.get("ENVACE_MODE", "real"))  # type: ignore[assignment]
 
 

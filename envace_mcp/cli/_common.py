@@ -131,13 +131,9 @@ AdapterOpt = Annotated[Optional[str], typer.Option(
 
 def _adapter(model: str | None, adapter: str | None) -> str | None:
     """The adapter to load: 'none' = no adapter; unset = the shipped one for the embedded model, none otherwise."""
-    if adapter is not None:
-        return None if adapter.lower() == "none" else adapter
-    if model is None:
-        from envace_mcp.policy.embedded import embedded_adapter
+    from envace_mcp.policy.embedded import default_adapter
 
-        return str(embedded_adapter())
-    return None
+    return default_adapter(model, adapter)
 
 
 def _fail(exc: Exception) -> NoReturn:

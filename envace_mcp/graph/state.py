@@ -9,6 +9,7 @@ context and never enter state.
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -90,14 +91,19 @@ class EnvaceContext:
     `toolbox` is a `Toolbox` or `ToolboxScope` (an episode scope for the bundled servers); it may be
     `None` in simulated mode, where `tools` (catalog entries) describe what the agent can call.
 
-    For servers such as `langgraph dev`, where the context arrives as JSON, `model` and `servers`
-    name the services instead; they are loaded on first use (`ensure()`), once per process.
+    For servers such as `langgraph dev`, where the context arrives as JSON, `model` (+ `adapter`) and
+    `servers` name the services instead; they are loaded on first use, once per process, in a worker
+    thread (`aensure()`: loading a model or starting servers on the event loop would stall every other
+    run, and LangGraph's server refuses blocking calls there).
     """
 
     policy: Any = None
     toolbox: Any = None
     model: str | None = None
     """Hugging Face id or folder for the policy when `policy` is not given (`None`: embedded model)."""
+    adapter: str | None = None
+    """LoRA adapter for `model`: `None` = the shipped one with the embedded model (as `envace demo`),
+    none with other models; `"none"` = no adapter."""
     servers: str | None = None
     """Path of an `mcpServers` JSON file for the toolbox when `toolbox` is not given."""
     tools: list[Any] | None = None
@@ -115,11 +121,19 @@ class EnvaceContext:
     JSON schema (LangGraph servers publish it) has no type for a callable."""
 
     def ensure(self) -> EnvaceContext:
-        """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use)."""
+        """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use; blocking)."""
         if self.policy is None:
-            self.policy = _shared_policy(self.model)
+            self.policy = _shared_policy(self.model, self.adapter)
         if self.toolbox is None and self.servers and self.mode != "simulated":
             self.toolbox = _shared_toolbox(self.servers)
+        return self
+
+    async def aensure(self) -> EnvaceContext:
+        """`ensure()` for the graph's nodes: what is still to load is loaded in a worker thread."""
+        if self.policy is None or (self.toolbox is None and self.servers and self.mode != "simulated"):
+            import anyio
+
+            await anyio.to_thread.run_sync(self.ensure)
         return self
 
     def catalog(self) -> list[Any]:
@@ -133,15 +147,20 @@ class EnvaceContext:
         return next((s for s in self.catalog() if s.name == name), None)
 
 
-_SHARED: dict[tuple[str, str | None], Any] = {}
+_SHARED: dict[tuple[str | None, ...], Any] = {}
+_LOADING = threading.Lock()  # two first runs at once load one copy
 
 
-def _shared_policy(model: str | None) -> Any:
-    key = ("policy", model)
-    if key not in _SHARED:
-        from envace_mcp.policy import load_policy
+def _shared_policy(model: str | None, adapter: str | None = None) -> Any:
+    from envace_mcp.policy.embedded import default_adapter
 
-        _SHARED[key] = load_policy(model)
+    adapter = default_adapter(model, adapter)
+    key = ("policy", model, adapter)
+    with _LOADING:
+        if key not in _SHARED:
+            from envace_mcp.policy import load_policy
+
+            _SHARED[key] = load_policy(model, adapter=adapter)
     return _SHARED[key]
 
 
@@ -149,17 +168,18 @@ def _shared_toolbox(servers: str) -> Any:
     """A toolbox on its own event-loop thread, open for the life of the process (calls from any
     loop are carried to it), closed at exit."""
     key = ("toolbox", servers)
-    if key not in _SHARED:
-        import atexit
-        from contextlib import ExitStack
+    with _LOADING:
+        if key not in _SHARED:
+            import atexit
+            from contextlib import ExitStack
 
-        from envace_mcp.toolbox import blocking_toolbox
+            from envace_mcp.toolbox import blocking_toolbox
 
-        stack = ExitStack()
-        _SHARED[key] = stack.enter_context(blocking_toolbox(servers))
-        _STACKS.append(stack)
-        if len(_STACKS) == 1:
-            atexit.register(close_shared)
+            stack = ExitStack()
+            _SHARED[key] = stack.enter_context(blocking_toolbox(servers))
+            _STACKS.append(stack)
+            if len(_STACKS) == 1:
+                atexit.register(close_shared)
     return _SHARED[key]
 
 

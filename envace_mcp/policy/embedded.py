@@ -40,6 +40,14 @@ def embedded_adapter() -> Path:
     return EMBEDDED_ADAPTER
 
 
+def default_adapter(model: str | None, adapter: str | None) -> str | None:
+    """The adapter to stack on `model`: 'none' = no adapter; unset = the shipped one for the embedded
+    model (`model` None), none for any other model."""
+    if adapter is not None:
+        return None if adapter.lower() == "none" else adapter
+    return str(embedded_adapter()) if model is None else None
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("ENVACE_CACHE") or Path.home() / ".cache" / "envace-mcp")
 

@@ -52,3 +52,48 @@ async def test_reading_the_graph_starts_no_server_and_the_first_run_does(tmp_pat
     finally:
         close_shared()
     assert wait_until(lambda: children_of(os.getpid()) == before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_langgraph_dev_serves_the_graph_and_a_run_over_its_http_api_completes_without_allow_blocking(tmp_path):
+    """`cd graphs && langgraph dev`, as a LangGraph user runs it: the default model (the embedded one with
+    the shipped adapter) and the bundled servers load on the first run, off the server's event loop."""
+    import signal
+    import subprocess
+    import urllib.request
+
+    from envace_mcp.eval.suites import free_port, wait_for_port
+
+    langgraph = Path(sys.executable).parent / "langgraph"
+    assert langgraph.exists(), "langgraph-cli[inmem] is a test dependency (pip install -e '.[test]')"
+    port = free_port()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false", "HF_HUB_OFFLINE": "1"}
+    env.pop("ENVACE_SERVERS", None)
+    log = open(tmp_path / "langgraph-dev.log", "wb")
+    server = subprocess.Popen([str(langgraph), "dev", "--port", str(port), "--no-browser", "--no-reload"],
+                              cwd=GRAPHS, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(port, server, 120)
+        body = {"assistant_id": "envace",
+                "input": {"messages": [{"role": "user", "content": "What is the balance of account CHK-9995?"}]}}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/runs/wait", data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=800) as response:
+            out = json.loads(response.read())
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+    served = (tmp_path / "langgraph-dev.log").read_text(errors="replace")
+    assert "__error__" not in out, served[-3000:]
+    assert "BlockingError" not in served
+    assert out["status"] in ("finished", "max_steps") and out["steps"] >= 1
+    # the shipped adapter makes the embedded model call tools (the bare model never does)
+    assert any(m.get("tool_calls") for m in out["messages"] if m["type"] == "ai"), out["messages"]
+    assert out["rehearsals"] and any(r.get("real") for r in out["rehearsals"])  # a real MCP server answered

@@ -49,7 +49,7 @@ def simulated_reply(call: dict[str, Any], prediction: Prediction | None) -> Tool
 
 
 async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = runtime.context.ensure()
+    ctx = await runtime.context.aensure()
     call, record = payload["call"], payload["record"]
     prediction = Prediction(**record["prediction"]) if record.get("prediction") else None
     decision = record.get("decision", "execute")

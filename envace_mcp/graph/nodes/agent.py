@@ -20,7 +20,7 @@ FORMAT_REMINDER = (
 
 
 async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = runtime.context.ensure()
+    ctx = await runtime.context.aensure()
     if state.get("steps", 0) >= ctx.gate.max_steps:
         return {"status": "max_steps", "final_answer": None}
     task, conversation = split_task(state["messages"], state.get("task"))

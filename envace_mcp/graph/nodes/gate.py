@@ -40,6 +40,7 @@ def route_calls(state: EnvaceState) -> list[Send]:
 # The graph's own nodes and routers are coroutines: LangGraph runs a plain function of an async graph
 # in a worker thread, which cost a thread hop per step (benchmarks/graph_overhead.py).
 async def gate_node(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
+    await runtime.context.aensure()
     return gate(state, runtime)
 
 

@@ -27,7 +27,7 @@ def examples_from(records: list[RehearsalRecord], limit: int = 6) -> list[Exampl
 
 
 async def rehearse(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = runtime.context.ensure()
+    ctx = await runtime.context.aensure()
     message = last_ai(state["messages"])
     assert message is not None and message.tool_calls
     step = state.get("steps", 0)
