@@ -86,8 +86,6 @@ class TerminalApprover:
         call = request["call"]
         self.console.print(f"   [magenta]approval needed:[/] {call['name']}({shorten(call.get('arguments', {}), 200)})")
         self.console.print(f"      rehearsed outcome: {_prediction(request.get('rehearsal'))}")
-        if request.get("reason"):
-            self.console.print(f"      [dim]{request['reason']}[/]")
         if self.assume_yes:
             self.console.print("      [green]approved[/] (--yes)")
             return True
