@@ -28,6 +28,8 @@ from typing import Any
 import anyio
 from langchain_core.messages import HumanMessage
 
+from envace_mcp._progress import Progress
+
 
 def server_pids() -> set[int]:
     """Live child processes of this process running the bank server (read from /proc)."""
@@ -92,18 +94,20 @@ async def chaos(kills: int, runs: int, concurrency: int, calls: int = 5, seed: i
                             results[(step.result or {}).get("error_kind") or "ok"] += 1
                 except Exception as exc:  # noqa: BLE001 - counted: a clean failure still leaves a trace
                     outcomes[f"failed: {type(exc).__name__}"] += 1
+                progress.advance(kills=killed)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(killer)
-            limiter = anyio.Semaphore(concurrency)
-            i = 0
-            while i < runs or not done_killing.is_set():  # keep runs going until every kill has landed
-                for _ in range(concurrency):
-                    tg.start_soon(one, i, limiter)
-                    i += 1
-                await anyio.sleep(0.05)
-                while limiter.value == 0:
-                    await anyio.sleep(0.01)
+        with Progress("runs under SIGKILL", total=runs) as progress:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(killer)
+                limiter = anyio.Semaphore(concurrency)
+                i = 0
+                while i < runs or not done_killing.is_set():  # keep runs going until every kill has landed
+                    for _ in range(concurrency):
+                        tg.start_soon(one, i, limiter)
+                        i += 1
+                    await anyio.sleep(0.05)
+                    while limiter.value == 0:
+                        await anyio.sleep(0.01)
         restarts = toolbox.restarts("bank")
     await anyio.sleep(0.5)
     traces = list(store.read())

@@ -22,6 +22,7 @@ import time
 
 import anyio
 
+from envace_mcp._progress import Progress
 from envace_mcp.eval import get_suite
 from envace_mcp.graph import GateConfig
 from envace_mcp.policy import SamplingParams, load_policy
@@ -61,7 +62,8 @@ class Seeded:
         return await self.policy.critique(request, self._params("critique", render_critique(request)))
 
 
-async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, gate: GateConfig, temperature: float):
+async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, gate: GateConfig, temperature: float,
+                   label: str = "warm-up"):
     policy.prefix_cache.clear()
     policy.batcher = Batcher(policy.generate_batch, max_batch=batch, window_s=0.01 if batch > 1 else 0.0,
                              stream=policy.stream)
@@ -69,8 +71,14 @@ async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, g
     suite = get_suite("bank")
     seeded = Seeded(policy, max_new, temperature)
     start = time.perf_counter()
-    groups = await asyncio.gather(*(rollout_group(suite, task, seeded, k=group, mode="simulated", tools=tools, gate=gate)
-                                    for task in tasks))
+
+    async def one_group(task):
+        runs = await rollout_group(suite, task, seeded, k=group, mode="simulated", tools=tools, gate=gate)
+        progress.advance(len(runs))
+        return runs
+
+    with Progress(f"{label} runs", total=len(tasks) * group) as progress:
+        groups = await asyncio.gather(*(one_group(task) for task in tasks))
     wall = time.perf_counter() - start
     traces = [t for g in groups for t in g]
     tokens, completions = collections.Counter(), collections.Counter()
@@ -95,7 +103,8 @@ async def main(ns) -> None:
     await one_mode(policy, tasks[:1], tools, 2, 16, 4, gate, ns.temperature)  # warm-up
     results = {}
     for name, batch in (("batched", ns.tasks * ns.group), ("one at a time", 1)):
-        results[name] = await one_mode(policy, tasks, tools, ns.group, batch, ns.max_new_tokens, gate, ns.temperature)
+        results[name] = await one_mode(policy, tasks, tools, ns.group, batch, ns.max_new_tokens, gate, ns.temperature,
+                                       label=name)
     n = ns.tasks * ns.group
     print(f"embedded SmolLM2-135M ({ns.dtype}{', adapter ' + ns.adapter if ns.adapter else ''}): {n} concurrent "
           f"graph runs ({ns.tasks} bank tasks x {ns.group}), simulated mode, rehearse=all, max_steps {ns.max_steps}, "

@@ -37,18 +37,24 @@ def pick(tasks: list, n: int) -> list:
 
 
 async def agent_runs(policy, suite, tasks, sampling, concurrency, out: Path) -> dict:
+    from envace_mcp._progress import Progress
     from envace_mcp.eval import run_task
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
     store = TraceStore(out)
     limit = asyncio.Semaphore(concurrency)
+    scores: list[float] = []
     async with Toolbox({suite.name: suite.build_server()}) as toolbox:
         async def one(task):
             async with limit:
-                return await run_task(suite, task, policy=policy, toolbox=toolbox, sampling=sampling, store=store)
+                run = await run_task(suite, task, policy=policy, toolbox=toolbox, sampling=sampling, store=store)
+            scores.append(run.verdict.score)
+            progress.advance(**{"mean score": round(sum(scores) / len(scores), 3)})
+            return run
 
-        runs = await asyncio.gather(*(one(t) for t in tasks))
+        with Progress("agent runs", total=len(tasks)) as progress:
+            runs = await asyncio.gather(*(one(t) for t in tasks))
     exact = 0
     for run in runs:
         first = next((s for s in run.trace.steps if s.role == "tool"), None)
@@ -62,11 +68,13 @@ async def agent_runs(policy, suite, tasks, sampling, concurrency, out: Path) -> 
 
 
 async def world_model(policy, suite, tasks, sampling, out: Path) -> dict:
+    from envace_mcp._progress import Progress
     from envace_mcp.train.reference import record_reference_traces
 
     ids = {t.id for t in tasks}
-    await record_reference_traces(policy, suite.name, out, split="test", score=False, own_rehearsals=True,
-                                  sampling=sampling, only=ids)
+    with Progress("world model (forced reference calls)", total=len(ids)) as progress:
+        await record_reference_traces(policy, suite.name, out, split="test", score=False, own_rehearsals=True,
+                                      sampling=sampling, only=ids, on_task=lambda *_: progress.advance())
     return world_scores(out)
 
 

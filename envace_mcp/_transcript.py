@@ -94,11 +94,11 @@ class TerminalApprover:
             self.console.print("      [red]denied:[/] no terminal on stdin to ask (pass --yes, or "
                                "--gate require_approval=never, to run such calls unasked)")
             return False
-        import typer
-
-        answer = await anyio.to_thread.run_sync(lambda: typer.confirm("      run it?", default=False))
+        self.console.print("      run it? [y/N] ", end="", markup=False)
+        reply = await anyio.to_thread.run_sync(stdin.readline)  # off the loop: other runs go on
+        answer = reply.strip().lower() in ("y", "yes")
         self.console.print("      [green]approved[/]" if answer else "      [red]denied[/]")
-        return bool(answer)
+        return answer
 
 
 def print_summary(console: Console, records: list[dict[str, Any]], score: float | None = None) -> None:

@@ -35,6 +35,7 @@ def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score(tmp_path):
     assert "Task bank/test/0000" in out.stdout and "agent" in out.stdout
     score = float(out.stdout.rsplit("checker score:", 1)[1].split()[0])
     assert 0.0 <= score <= 1.0 and "✓ state" in out.stdout  # a read-only task: state untouched
+    assert "\nsummary\n" in out.stdout and "calls proposed" in out.stdout and "approvals:" in out.stdout
     from envace_mcp.traces import TraceStore
 
     [trace] = list(TraceStore(tmp_path).read())  # recorded, with the checker's score attached

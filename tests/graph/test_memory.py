@@ -35,3 +35,4 @@ def test_memory_lists_rehearsed_and_stopped_calls_and_counts_them():
     assert "transfer({\"amount\": 9}): predicted error EXECUTION_ERROR" in text
     assert text.endswith("0 prediction(s) differed from reality; 4 call(s) were stopped by the gate.")
     assert render_memory([]) is None
+
