@@ -51,6 +51,8 @@ def eval_command(
     from envace_mcp.eval.evaluate import EvalSettings, select_tasks
 
     target = _suite(suite)
+    if adapter is not None and adapter.lower() == "none":
+        adapter = None  # as in `envace demo`: 'none' is no adapter
     gate_config = dataclasses.asdict(_gate(gate)) if gate else {}
     settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
                             adapter=adapter, policy=policy, mode=mode, rehearse=rehearse, strategy=strategy,
