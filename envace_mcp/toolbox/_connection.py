@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import select
+import threading
+import time
 from contextlib import AsyncExitStack
 from typing import IO, Any
 
@@ -33,6 +35,64 @@ class ServerStartError(EnvaceError):
     """A configured server could not be started or did not answer its tool listing."""
 
 
+class StderrTail:
+    """A stdio server's stderr, kept as its last `limit` bytes: the child writes into a pipe that a
+    thread drains, so a server printing without end costs a bounded buffer, and nothing is left on
+    disk. (A capture file grew without limit, and reading its tail loaded all of it.)"""
+
+    LIMIT = 64 * 1024
+
+    def __init__(self, name: str, limit: int = LIMIT) -> None:
+        read, write = os.pipe()
+        self.writer: IO[str] = os.fdopen(write, "w")
+        """Given to each (re)started process as its stderr."""
+        self.limit = limit
+        self.total = 0
+        """Bytes the server has written to stderr, kept or not."""
+        self._read = read
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name=f"envace-stderr-{name}", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while not self._stopped.is_set():
+            ready, _, _ = select.select([self._read], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self._read, 1 << 16)
+            except OSError:
+                return
+            if not chunk:  # every writer closed: the toolbox is closing
+                return
+            with self._lock:
+                self.total += len(chunk)
+                self._buffer += chunk
+                if len(self._buffer) > self.limit:
+                    del self._buffer[: len(self._buffer) - self.limit]
+
+    def tail(self, limit: int = 2000) -> str:
+        """The last `limit` characters, once what the server already wrote has been read (≤ 0.1 s)."""
+        deadline = time.monotonic() + 0.1
+        while not self._stopped.is_set() and time.monotonic() < deadline:
+            if not select.select([self._read], [], [], 0)[0]:
+                break
+            time.sleep(0.002)
+        with self._lock:
+            return bytes(self._buffer[-limit * 4:]).decode("utf-8", errors="replace")[-limit:]
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.writer.close()
+        self._thread.join(timeout=1.0)
+        try:
+            os.close(self._read)
+        except OSError:
+            pass
+
+
 class Connection:
     """The live session to one server, plus what is needed to bring it back after a death."""
 
@@ -48,14 +108,12 @@ class Connection:
         self.denied: set[str] = set()
         """Tools the server offers that the config's allow/deny lists exclude."""
         self.dead_reason: str | None = None
+        self.problems: list[str] = []
+        """What was wrong with the server's tool listing (duplicate or empty names, unusable schemas)."""
         self._stop: anyio.Event | None = None
         self._done: anyio.Event | None = None
         self._lock = anyio.Lock()
-        self._stderr: IO[str] | None = None
-        if capture_stderr and isinstance(spec, StdioServer):
-            self._stderr = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the connection
-                mode="w+", prefix=f"envace-{name}-", suffix=".stderr.log", delete=False
-            )
+        self._stderr: StderrTail | None = StderrTail(name) if capture_stderr and isinstance(spec, StdioServer) else None
 
     @property
     def alive(self) -> bool:
@@ -63,14 +121,7 @@ class Connection:
 
     def stderr_tail(self, limit: int = 2000) -> str:
         """The end of the server's stderr (stdio servers only), for error messages."""
-        if self._stderr is None:
-            return ""
-        try:
-            self._stderr.flush()
-            with open(self._stderr.name, encoding="utf-8", errors="replace") as fh:
-                return fh.read()[-limit:]
-        except OSError:
-            return ""
+        return self._stderr.tail(limit) if self._stderr is not None else ""
 
     async def start(self, task_group: TaskGroup) -> None:
         """Start the owner task and wait until the session is up and its tools are listed."""
@@ -112,10 +163,6 @@ class Connection:
     def close_log(self) -> None:
         if self._stderr is not None:
             self._stderr.close()
-            try:
-                os.unlink(self._stderr.name)
-            except OSError:
-                pass
             self._stderr = None
 
     async def _own(self, generation: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -125,8 +172,8 @@ class Connection:
         try:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._client(stack))
-                tools, denied = await _list_tools(client, self.name, self.spec)
-                self.client, self.tools, self.denied = client, tools, denied
+                tools, denied, problems = await _list_tools(client, self.name, self.spec)
+                self.client, self.tools, self.denied, self.problems = client, tools, denied, problems
                 started = True
                 task_status.started()
                 await stop.wait()
@@ -146,7 +193,7 @@ class Connection:
             return Client(spec.server, client_info=info)
         if isinstance(spec, StdioServer):
             params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
-            errlog: Any = self._stderr if self._stderr is not None else _stderr_stream()
+            errlog: Any = self._stderr.writer if self._stderr is not None else _stderr_stream()
             return Client(stdio_client(params, errlog=errlog), client_info=info)
         assert isinstance(spec, HttpServer)
         if not spec.headers:
@@ -159,30 +206,42 @@ class Connection:
         return Client(streamable_http_client(spec.url, http_client=http), client_info=info)
 
 
-async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[list[ToolSpec], set[str]]:
-    specs: list[ToolSpec] = []
+async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[list[ToolSpec], set[str], list[str]]:
+    """The server's allowed tools as catalog entries, what it offers that the config denies, and what was
+    wrong with the listing: a tool without a name or listed twice is left out, one whose input schema
+    is unsafe stays listed (its calls are refused, with the reason)."""
+    specs: dict[str, ToolSpec] = {}
     denied: set[str] = set()
+    problems: list[str] = []
     cursor: str | None = None
     for _ in range(_LIST_PAGE_CAP):
         page = await client.list_tools(cursor=cursor)
         for tool in page.tools:
+            if not tool.name:
+                problems.append(f"server {server!r} lists a tool with an empty name; it is left out")
+                continue
+            if tool.name in specs:
+                problems.append(f"server {server!r} lists the tool {tool.name!r} twice; the second is left out")
+                continue
             if not spec.allows(tool.name):
                 denied.add(tool.name)
                 continue
-            specs.append(
-                ToolSpec.create(
-                    remote_name=tool.name,
-                    server=server,
-                    description=tool.description,
-                    input_schema=tool.input_schema,
-                    output_schema=tool.output_schema,
-                    annotations=ToolAnnotations.from_hints(tool.annotations),
-                )
+            entry = ToolSpec.create(
+                remote_name=tool.name,
+                server=server,
+                description=tool.description,
+                input_schema=tool.input_schema,
+                output_schema=tool.output_schema,
+                annotations=ToolAnnotations.from_hints(tool.annotations),
             )
+            if entry.validator.refusal:
+                problems.append(f"tool {tool.name!r} of server {server!r}: its input schema {entry.validator.refusal}; "
+                                "calls to it are refused")
+            specs[tool.name] = entry
         cursor = page.next_cursor
         if cursor is None:
             break
-    return specs, denied
+    return list(specs.values()), denied, problems
 
 
 def _implementation(name: str) -> Any:

@@ -5,8 +5,10 @@
         "shop": {"url": "http://127.0.0.1:8000/mcp", "headers": {"Authorization": "Bearer ..."}}
     }}
 
-Extra keys are ours and optional: `timeout` (seconds per call), `include_tools` / `exclude_tools`
-(allow and deny lists, enforced before any call), `disabled` (skip the entry, as several hosts do).
+Extra keys are ours and optional: `timeout` (seconds per call), `startup_timeout` (seconds to start
+and list tools), `required` (fail the toolbox if this server cannot start), `include_tools` /
+`exclude_tools` (allow and deny lists, enforced before any call), `disabled` (skip the entry, as
+several hosts do).
 In tests, an in-process server object (`MCPServer` or a low-level `Server`) may stand in for an entry.
 """
 
@@ -23,7 +25,8 @@ from envace_mcp.errors import ConfigError
 
 
 class _ServerBase(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # strict: `"timeout": "5"` or `"args": "x"` is a mistake to report, not a value to coerce
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
     timeout: float | None = Field(default=None, gt=0)
     """Per-call timeout in seconds for this server; `None` takes the toolbox's default."""
@@ -31,6 +34,11 @@ class _ServerBase(BaseModel):
     """Allow list of the server's own tool names; `None` allows all."""
     exclude_tools: list[str] = Field(default_factory=list)
     """Deny list; wins over the allow list."""
+    required: bool = False
+    """A required server that fails to start makes the toolbox fail to open; any other is reported
+    in `Toolbox.problems` and left out (unless no server starts at all)."""
+    startup_timeout: float | None = Field(default=None, gt=0)
+    """Seconds to start, initialize and list tools; `None` takes the toolbox's `startup_timeout`."""
 
     def allows(self, remote_name: str) -> bool:
         if remote_name in self.exclude_tools:
@@ -63,7 +71,7 @@ class HttpServer(_ServerBase):
 class InProcessServer(_ServerBase):
     """A server object living in this process (fast, real protocol path; for tests and embedding)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True, arbitrary_types_allowed=True)
     type: Literal["inprocess"] = "inprocess"
     server: Any
 
@@ -84,6 +92,9 @@ def parse_server(name: str, entry: Any) -> ServerSpec:
     data = dict(entry)
     kind = data.pop("type", None) or data.pop("transport", None)
     if kind is None:
+        if "command" in data and "url" in data:
+            raise ConfigError(f"server {name!r}: has both 'command' (stdio) and 'url' (HTTP); keep one, or say which "
+                              "with 'type'")
         kind = "stdio" if "command" in data else "http" if "url" in data else None
     if kind == "sse":
         raise ConfigError(f"server {name!r}: the SSE transport is deprecated and not supported; use streamable HTTP")
@@ -116,10 +127,13 @@ def load_servers(source: str | Path | Mapping[str, Any]) -> dict[str, ServerSpec
         raise ConfigError("'mcpServers' must be an object mapping names to servers")
     servers: dict[str, ServerSpec] = {}
     for name, entry in entries.items():
-        if isinstance(entry, Mapping) and entry.get("disabled"):
-            continue
         if not isinstance(name, str) or not name:
             raise ConfigError(f"server names must be non-empty strings, got {name!r}")
+        if isinstance(entry, Mapping) and "disabled" in entry:
+            if not isinstance(entry["disabled"], bool):
+                raise ConfigError(f"server {name!r}: 'disabled' must be true or false, not {entry['disabled']!r}")
+            if entry["disabled"]:
+                continue
         servers[name] = parse_server(name, entry)
     if not servers:
         raise ConfigError("no servers configured")

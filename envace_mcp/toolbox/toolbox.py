@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -32,6 +33,11 @@ from envace_mcp.toolbox.result import ToolResult
 DEFAULT_TIMEOUT_S = 60.0
 """Long enough for real tools (a quote service, a database), short enough that a hung tool
 does not stall a GRPO batch for minutes."""
+DEFAULT_STARTUP_TIMEOUT_S = 30.0
+"""Start a process, initialize, list tools: seconds for a healthy server (a Python one takes ~1 s),
+and a server that hangs in any of them is given up on instead of keeping the toolbox opening forever."""
+
+logger = logging.getLogger(__name__)
 
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -49,6 +55,9 @@ class Toolbox:
         servers: a path to an `mcpServers` JSON file, or a mapping in that shape; values may also
             be in-process server objects (`MCPServer`), which is how tests run servers fast.
         timeout: default per-call timeout in seconds (a server's own `timeout` wins).
+        startup_timeout: seconds each server has to start and list its tools (its own
+            `startup_timeout` wins). A server that fails is reported in `problems` and left out,
+            unless it is `required` or no server starts at all: then opening fails.
         capture_stderr: write stdio servers' stderr to a log file (its tail is quoted in
             `server_died` errors) instead of this process's stderr.
     """
@@ -58,11 +67,16 @@ class Toolbox:
         servers: str | Path | Mapping[str, Any],
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
         capture_stderr: bool = True,
         client_name: str = "envace-mcp",
     ) -> None:
+        _check_timeout(timeout)
+        _check_timeout(startup_timeout)
         self.specs: dict[str, ServerSpec] = load_servers(servers)
         self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self._problems: list[str] = []
         self._connections = {
             name: Connection(name, spec, client_name=client_name, capture_stderr=capture_stderr)
             for name, spec in self.specs.items()
@@ -82,9 +96,20 @@ class Toolbox:
         try:
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.push_async_callback(self._stop_all)
+            failures: dict[str, ServerStartError] = {}
             async with anyio.create_task_group() as starting:
                 for conn in self._connections.values():
-                    starting.start_soon(conn.start, self._tg)
+                    starting.start_soon(self._start, conn, failures)
+            fatal = [failures[n] for n in failures if self.specs[n].required]
+            if fatal or (failures and len(failures) == len(self._connections)):
+                raise (fatal or list(failures.values()))[0]
+            self._problems = [str(exc) for exc in failures.values()]
+            for name, exc in failures.items():
+                self._connections[name].dead_reason = f"failed to start: {exc}"
+            self._rebuild_catalog()
+            self._problems += [p for conn in self._connections.values() for p in conn.problems]
+            for problem in self._problems:
+                logger.warning("%s", problem)
         except BaseException as exc:
             # Tear down without handing `exc` to our task group: it would re-raise it wrapped in
             # an ExceptionGroup, and callers should see the error they caused.
@@ -97,8 +122,22 @@ class Toolbox:
         self._stack = stack
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
-        self._rebuild_catalog()
         return self
+
+    async def _start(self, conn: Connection, failures: dict[str, ServerStartError]) -> None:
+        """Start one server under its start-up deadline; a failure is recorded, not raised."""
+        limit = conn.spec.startup_timeout or self.startup_timeout
+        try:
+            with anyio.fail_after(limit):
+                await conn.start(self._tg)  # type: ignore[arg-type]
+        except TimeoutError:
+            tail = conn.stderr_tail().strip()
+            detail = f"\n--- server stderr ---\n{tail}" if tail else ""
+            failures[conn.name] = ServerStartError(
+                f"MCP server {conn.name!r} did not start within {limit:g} s (no answer to initialize or "
+                f"tools/list){detail}")
+        except ServerStartError as exc:
+            failures[conn.name] = exc
 
     async def __aexit__(self, *exc_info: Any) -> None:
         stack, self._stack = self._stack, None
@@ -136,6 +175,13 @@ class Toolbox:
     def servers(self) -> list[str]:
         return list(self._connections)
 
+    @property
+    def problems(self) -> list[str]:
+        """What went wrong while opening, without stopping it: servers that did not start (left out),
+        tools listed twice or without a name (left out), tools whose input schema is unsafe (their
+        calls are refused). Each is also logged as a warning."""
+        return list(self._problems)
+
     def restarts(self, server: str) -> int:
         """How many times `server` was restarted after dying."""
         return self._connections[server].restarts
@@ -160,6 +206,7 @@ class Toolbox:
         Safe to call from any thread or event loop: calls are carried to the toolbox's own loop.
         """
         self._require_open()
+        _check_timeout(timeout)
         coro = self._call(name, {} if arguments is None else arguments, timeout, meta)
         if self._on_own_loop():
             return await coro
@@ -182,6 +229,7 @@ class Toolbox:
                 "use `await toolbox.call(...)` there, or open the toolbox with `blocking_toolbox()`"
             )
         assert self._loop is not None
+        _check_timeout(timeout)
         coro = self._call(name, {} if arguments is None else arguments, timeout, meta)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
@@ -433,6 +481,11 @@ def blocking_toolbox(servers: str | Path | Mapping[str, Any], **kwargs: Any) -> 
 
     with start_blocking_portal() as portal, portal.wrap_async_context_manager(Toolbox(servers, **kwargs)) as toolbox:
         yield toolbox
+
+
+def _check_timeout(timeout: Any) -> None:
+    if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+        raise UserError(f"timeout must be a number of seconds greater than 0, not {timeout!r}")
 
 
 def _is_transport_failure(exc: Exception) -> bool:

@@ -1,13 +1,41 @@
-"""Argument validation against a tool's input schema, before any server sees the call."""
+"""Argument validation against a tool's input schema, before any server sees the call.
+
+Schemas come from servers and are untrusted. Nothing in one may cause network or file access, or
+unbounded work:
+- `$ref` is resolved only inside the schema itself (a JSON pointer or an `$anchor`); a remote,
+  `file:` or dangling reference, or a cycle of references that never descends into the instance
+  (`{"$ref": "#"}`), makes the tool's schema *unusable*: every call to it is refused with that reason
+  (`ArgumentValidator.refusal`), and the toolbox reports it when it opens;
+- `pattern` and `patternProperties` run on a backtracking engine with a time limit per match and per
+  call (`PATTERN_MATCH_S`, `VALIDATION_BUDGET_S`): a catastrophic pattern fails the argument it was
+  checking, quickly, instead of stalling the event loop every run shares.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextvars
+import functools
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
+import regex
 from jsonschema.exceptions import ValidationError
-from jsonschema.validators import validator_for
+from jsonschema.validators import extend, validator_for
+from referencing import Registry
+from referencing.exceptions import NoSuchResource
+
+PATTERN_MATCH_S = 0.02
+"""One regular-expression match: real patterns take microseconds; catastrophic ones take seconds."""
+VALIDATION_BUDGET_S = 0.1
+"""All the pattern matching of one call's arguments."""
+
+_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("envace_validation_deadline", default=0.0)
+_SAME_INSTANCE = ("allOf", "anyOf", "oneOf")
+"""Applicators whose subschemas apply to the same instance (with `$ref`, `not`, `if`/`then`/`else`,
+`dependentSchemas`): a cycle through them alone never ends."""
 
 
 def field_path(error: ValidationError) -> str:
@@ -35,27 +63,225 @@ class ArgumentValidator:
     """A compiled JSON Schema validator for one tool's arguments.
 
     The validator class follows the schema's `$schema` (Draft 2020-12 when absent, as MCP specifies).
-    A schema that is itself invalid is reported once at construction, and then every call is let
-    through to the server, which is the authority on its own schema.
+    A schema that is invalid JSON Schema is reported once (`schema_error`) and calls are let through
+    to the server, the authority on its own schema; an *unsafe* one (see the module docstring) is
+    refused (`refusal`), since validating it would fetch, read or recurse without end.
     """
 
     def __init__(self, schema: Mapping[str, Any] | None) -> None:
         self.schema = dict(schema or {"type": "object"})
         self.schema_error: str | None = None
+        self.refusal: str | None = unsafe_references(self.schema)
+        self._validator: Any = None
+        if self.refusal is not None:
+            return
         cls = validator_for(self.schema, default=jsonschema.Draft202012Validator)
         try:
             cls.check_schema(self.schema)
         except jsonschema.SchemaError as exc:
             self.schema_error = exc.message
-            self._validator = None
-        else:
-            self._validator = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
+            return
+        except Exception as exc:  # noqa: BLE001 - a schema that breaks the meta-schema check is unusable
+            self.refusal = f"cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
+            return
+        bounded = _bounded(cls)
+        self._validator = bounded(self.schema, registry=_NO_RETRIEVAL, format_checker=cls.FORMAT_CHECKER)
 
     def errors(self, arguments: Any) -> list[dict[str, str]]:
         """Every violation as `{"field", "message"}`, most relevant first; empty when valid."""
+        if self.refusal is not None:
+            return [{"field": "", "message": f"the tool's input schema {self.refusal}; the call is refused"}]
         if self._validator is None:
             return []
         if not isinstance(arguments, Mapping):
             return [{"field": "", "message": f"arguments must be a JSON object, got {type(arguments).__name__}"}]
-        found = sorted(self._validator.iter_errors(dict(arguments)), key=jsonschema.exceptions.relevance, reverse=True)
+        token = _deadline.set(time.monotonic() + VALIDATION_BUDGET_S)
+        try:
+            found = sorted(self._validator.iter_errors(dict(arguments)), key=jsonschema.exceptions.relevance,
+                           reverse=True)
+        except Exception as exc:  # noqa: BLE001 - a schema that defeats the validator is the server's fault, as data
+            return [{"field": "", "message": f"the tool's input schema cannot be checked ({type(exc).__name__}: "
+                                             f"{str(exc)[:200]}); the call is refused"}]
+        finally:
+            _deadline.reset(token)
         return [{"field": field_path(e), "message": e.message} for e in found]
+
+
+# ---------------------------------------------------------------------------- references
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    raise NoSuchResource(ref=uri)
+
+
+_NO_RETRIEVAL: Registry[Any] = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+"""Passing a registry also turns off jsonschema's deprecated fetching of remote `$ref`s."""
+
+
+def _nodes(schema: Any) -> Iterator[Any]:
+    """Every dict and list in a schema, iteratively (a deeply nested schema must not recurse)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            yield node
+            stack.extend(v for v in node.values() if isinstance(v, (Mapping, list)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (Mapping, list)))
+
+
+def _resolve(root: Mapping[str, Any], ref: str, anchors: Mapping[str, Any]) -> Any:
+    """The subschema a `#...` reference names inside `root`, or `None`."""
+    fragment = urllib.parse.unquote(ref[1:])
+    if fragment and not fragment.startswith("/"):
+        return anchors.get(fragment)
+    node: Any = root
+    for raw in fragment.split("/")[1:]:
+        key = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
+
+
+def _same_instance(node: Mapping[str, Any], root: Mapping[str, Any], anchors: Mapping[str, Any]) -> list[Any]:
+    """The subschemas that apply to the same instance as `node` (the edges a cycle would run along)."""
+    out: list[Any] = []
+    for key in ("$ref", "$dynamicRef", "$recursiveRef"):
+        if isinstance(node.get(key), str):
+            out.append(_resolve(root, node[key], anchors))
+    for key in _SAME_INSTANCE:
+        if isinstance(node.get(key), list):
+            out.extend(node[key])
+    for key in ("not", "if", "then", "else"):
+        if isinstance(node.get(key), Mapping):
+            out.append(node[key])
+    if isinstance(node.get("dependentSchemas"), Mapping):
+        out.extend(node["dependentSchemas"].values())
+    return [s for s in out if isinstance(s, Mapping)]
+
+
+def unsafe_references(schema: Mapping[str, Any]) -> str | None:
+    """Why `schema` cannot be validated safely (a reference leaving it, dangling, or a cycle), or `None`."""
+    nodes = list(_nodes(schema))
+    anchors = {n["$anchor"]: n for n in nodes if isinstance(n.get("$anchor"), str)}
+    anchors |= {n["$dynamicAnchor"]: n for n in nodes if isinstance(n.get("$dynamicAnchor"), str)}
+    for node in nodes:
+        for key in ("$ref", "$dynamicRef", "$recursiveRef"):
+            if key not in node:
+                continue
+            ref = node[key]
+            if not isinstance(ref, str):
+                return f"has a {key} that is not a string ({ref!r:.60})"
+            if not ref.startswith("#"):
+                return f"refers outside itself ({key} {ref!r:.120}); only references inside the schema are followed"
+            if _resolve(schema, ref, anchors) is None:
+                return f"has a dangling {key} {ref!r:.120}"
+    # a cycle along same-instance edges: validation would recurse forever (iterative DFS, colours by id)
+    state: dict[int, int] = {}
+    for start in nodes:
+        if state.get(id(start)):
+            continue
+        stack: list[tuple[Any, Iterator[Any]]] = [(start, iter(_same_instance(start, schema, anchors)))]
+        state[id(start)] = 1
+        while stack:
+            node, edges = stack[-1]
+            step = next(edges, None)
+            if step is None:
+                state[id(node)] = 2
+                stack.pop()
+            elif state.get(id(step)) == 1:
+                return "has a cycle of references that never reaches a value ($ref to itself or around a loop)"
+            elif not state.get(id(step)):
+                state[id(step)] = 1
+                stack.append((step, iter(_same_instance(step, schema, anchors))))
+    return None
+
+
+# ---------------------------------------------------------------------------- patterns
+
+
+@functools.lru_cache(maxsize=512)
+def _compile(pattern: str) -> Any:
+    return regex.compile(pattern)
+
+
+def _search(pattern: str, text: str) -> bool | None:
+    """Whether `pattern` matches somewhere in `text`; `None` when it could not be decided in time."""
+    left = _deadline.get() - time.monotonic()
+    if left <= 0:
+        return None
+    try:
+        return _compile(pattern).search(text, timeout=min(PATTERN_MATCH_S, left)) is not None
+    except TimeoutError:
+        return None
+
+
+def _too_slow(pattern: str, text: str) -> ValidationError:
+    return ValidationError(f"{text[:40]!r} could not be checked against the pattern {pattern[:80]!r} in time "
+                           f"(a pattern that slow is refused)")
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        found = _search(pattern, instance)
+    except regex.error:
+        yield ValidationError(f"the schema's pattern {pattern[:80]!r} is not a regular expression")
+        return
+    if found is None:
+        yield _too_slow(pattern, instance)
+    elif not found:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            try:
+                found = _search(pattern, key)
+            except regex.error:
+                yield ValidationError(f"the schema's pattern {pattern[:80]!r} is not a regular expression")
+                return
+            if found is None:
+                yield _too_slow(pattern, key)
+            elif found:
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _bounded(cls: Any) -> Any:
+    plain_additional = cls.VALIDATORS.get("additionalProperties")
+
+    def additional_properties(validator: Any, allowed: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        if "patternProperties" not in schema or plain_additional is None:  # no regex involved
+            if plain_additional is not None:
+                yield from plain_additional(validator, allowed, instance, schema)
+            return
+        if not validator.is_type(instance, "object"):
+            return
+        named = schema.get("properties") or {}
+        extras = []
+        for key in instance:
+            if key in named:
+                continue
+            matches = [_search(p, key) for p in schema["patternProperties"]]
+            if None in matches:
+                yield _too_slow("|".join(schema["patternProperties"]), key)
+                return
+            if not any(matches):
+                extras.append(key)
+        if validator.is_type(allowed, "object"):
+            for key in extras:
+                yield from validator.descend(instance[key], allowed, path=key)
+        elif allowed is False and extras:
+            yield ValidationError(f"{', '.join(repr(k) for k in sorted(extras))} not allowed: matches no property "
+                                  f"name or pattern")
+
+    return extend(cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
+                        "additionalProperties": additional_properties})
