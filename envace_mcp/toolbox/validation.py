@@ -209,18 +209,17 @@ def _compile(pattern: str) -> Any:
     return regex.compile(pattern)
 
 
-def _search(pattern: str, text: str) -> bool | None:
-    """Whether `pattern` matches somewhere in `text`; `None` when it could not be decided in time."""
+def _search(pattern: str, text: str) -> bool | ValidationError:
+    """Whether `pattern` matches somewhere in `text`, or the error to report when that cannot be decided
+    (not a regular expression, or not in time)."""
     left = _deadline.get() - time.monotonic()
-    if left <= 0:
-        return None
     try:
-        return _compile(pattern).search(text, timeout=min(PATTERN_MATCH_S, left)) is not None
+        if left > 0:
+            return _compile(pattern).search(text, timeout=min(PATTERN_MATCH_S, left)) is not None
+    except regex.error:
+        return ValidationError(f"the schema's pattern {pattern[:80]!r} is not a regular expression")
     except TimeoutError:
-        return None
-
-
-def _too_slow(pattern: str, text: str) -> ValidationError:
+        pass
     return ValidationError(f"{text[:40]!r} could not be checked against the pattern {pattern[:80]!r} in time "
                            f"(a pattern that slow is refused)")
 
@@ -228,13 +227,9 @@ def _too_slow(pattern: str, text: str) -> ValidationError:
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "string"):
         return
-    try:
-        found = _search(pattern, instance)
-    except regex.error:
-        yield ValidationError(f"the schema's pattern {pattern[:80]!r} is not a regular expression")
-        return
-    if found is None:
-        yield _too_slow(pattern, instance)
+    found = _search(pattern, instance)
+    if isinstance(found, ValidationError):
+        yield found
     elif not found:
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
@@ -244,14 +239,11 @@ def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: A
         return
     for pattern, subschema in patterns.items():
         for key, value in instance.items():
-            try:
-                found = _search(pattern, key)
-            except regex.error:
-                yield ValidationError(f"the schema's pattern {pattern[:80]!r} is not a regular expression")
+            found = _search(pattern, key)
+            if isinstance(found, ValidationError):
+                yield found
                 return
-            if found is None:
-                yield _too_slow(pattern, key)
-            elif found:
+            if found:
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
@@ -271,8 +263,9 @@ def _bounded(cls: Any) -> Any:
             if key in named:
                 continue
             matches = [_search(p, key) for p in schema["patternProperties"]]
-            if None in matches:
-                yield _too_slow("|".join(schema["patternProperties"]), key)
+            failed = next((m for m in matches if isinstance(m, ValidationError)), None)
+            if failed is not None:
+                yield failed
                 return
             if not any(matches):
                 extras.append(key)
