@@ -265,3 +265,28 @@ async def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout):
     async with Toolbox({"probe": build_probe()}) as toolbox:
         with pytest.raises(UserError, match="greater than 0"):
             await toolbox.call("echo", {"text": "x", "count": 1}, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------- 6, 7: unreadable replies
+
+
+async def test_a_byte_that_is_not_utf8_on_stdout_does_not_wedge_the_session():
+    async with Toolbox({"raw": raw(calls={"echo": "bad_byte"})}, timeout=5) as toolbox:
+        with anyio.fail_after(10):
+            first = await toolbox.call("echo", {})
+            later = [await toolbox.call("echo", {}) for _ in range(3)]
+    assert not first.is_error and first.text == "caf\ufffd"  # the bad byte, replaced
+    assert [r.text for r in later] == ["ok echo"] * 3
+
+
+@pytest.mark.parametrize("depth", [400, 50_000])  # 50,000: too deep for json.loads too
+async def test_a_reply_nested_too_deep_to_read_fails_its_call_at_once_and_the_next_call_works(depth, caplog):
+    tools = [{"name": "deep", "inputSchema": {"type": "object"}}, {"name": "echo", "inputSchema": {"type": "object"}}]
+    async with Toolbox({"raw": raw(tools=tools, calls={"deep": f"deep:{depth}"})}, timeout=20) as toolbox:
+        started = time.monotonic()
+        deep = await toolbox.call("deep", {})
+        spent = time.monotonic() - started
+        after = await toolbox.call("echo", {})
+    assert deep.error_kind == "tool_error" and "unreadable reply" in deep.text and spent < 5  # was: 20 s, timeout
+    assert after.text == "ok echo"
+    assert not any(r.exc_info for r in caplog.records if r.name == "mcp.client.stdio")  # one line, no traceback

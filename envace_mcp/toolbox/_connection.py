@@ -8,12 +8,15 @@ signal. Calls from any task use the published session (requests are multiplexed 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import select
 import threading
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import IO, Any
 
 import anyio
@@ -192,9 +195,12 @@ class Connection:
         if isinstance(spec, InProcessServer):
             return Client(spec.server, client_info=info)
         if isinstance(spec, StdioServer):
-            params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
+            # "replace": one byte that is not UTF-8 on the server's stdout otherwise kills the SDK's reader,
+            # and every later call on the session times out with nothing said
+            params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd,
+                                           encoding_error_handler="replace")
             errlog: Any = self._stderr.writer if self._stderr is not None else _stderr_stream()
-            return Client(stdio_client(params, errlog=errlog), client_info=info)
+            return Client(_answering_unreadable(stdio_client(params, errlog=errlog)), client_info=info)
         assert isinstance(spec, HttpServer)
         if not spec.headers:
             return Client(spec.url, client_info=info)
@@ -242,6 +248,75 @@ async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[li
         if cursor is None:
             break
     return list(specs.values()), denied, problems
+
+
+@asynccontextmanager
+async def _answering_unreadable(transport: Any) -> AsyncIterator[Any]:
+    """The SDK's stdio transport, except that a reply the SDK cannot read (nested deeper than its JSON
+    parser allows, say) is answered, for the request it belongs to, with a JSON-RPC parse error: the
+    call fails at once as a malformed result instead of waiting out its whole timeout."""
+    async with transport as (read, write):
+        send, receive = anyio.create_memory_object_stream[Any](0)
+
+        async def pump() -> None:
+            async with send:
+                async for item in read:
+                    if isinstance(item, Exception):
+                        item = _error_reply(item) or item
+                    try:
+                        await send.send(item)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            try:
+                yield receive, write
+            finally:
+                tg.cancel_scope.cancel()
+
+
+_HEAD_ID = re.compile(r'^\s*\{(?:(?!"(?:result|error)"\s*:).)*?"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")', re.S)
+
+
+def _error_reply(exc: Exception) -> Any:
+    """A JSON-RPC error answering the reply that failed to parse, when its request id can be read."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import PARSE_ERROR, ErrorData, JSONRPCError
+
+    errors = exc.errors() if hasattr(exc, "errors") else []
+    raw = next((e.get("input") for e in errors if isinstance(e.get("input"), str)), None)
+    if raw is None:
+        return None
+    message_id: Any = None
+    try:
+        parsed = json.loads(raw)
+        if isinstance(parsed, dict) and ("result" in parsed or "error" in parsed):
+            message_id = parsed.get("id")
+    except (ValueError, RecursionError):
+        head = _HEAD_ID.match(raw[:4096])
+        message_id = json.loads(head.group(1)) if head else None
+    if not isinstance(message_id, (int, str)) or isinstance(message_id, bool):
+        return None
+    reason = errors[0].get("msg", "unreadable") if errors else "unreadable"
+    logger.warning("an MCP server's reply to request %r could not be read (%s); the call fails", message_id, reason)
+    return SessionMessage(JSONRPCError(jsonrpc="2.0", id=message_id,
+                                       error=ErrorData(code=PARSE_ERROR, message=f"unreadable reply: {reason}")))
+
+
+class _OneLine(logging.Filter):
+    """The SDK logs every unreadable stdout line with a full pydantic traceback; one line says as much."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            first = str(record.exc_info[1]).splitlines()
+            record.msg = f"{record.getMessage()}: {' / '.join(first[:3])[:300]}"
+            record.args = ()
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("mcp.client.stdio").addFilter(_OneLine())
 
 
 def _implementation(name: str) -> Any:
