@@ -4,8 +4,11 @@ One run per line (`{"kind": "trace", ...}`); rewards attached later are their ow
 (`{"kind": "reward", "run_id": ..., "reward": {...}}`) merged in when reading. Each record is one
 `write(2)` to a file opened `O_APPEND` under an exclusive `flock`, so concurrent writers — threads
 or processes — never interleave, and a writer killed mid-record leaves every earlier record intact:
-the torn tail is reported in `problems` and skipped, never fatal. With `compress=True` each record is
-its own gzip member (a torn member is detected the same way).
+the torn tail is reported in `problems` and skipped, never fatal. A torn tail never swallows what
+comes after it: the next append starts on a fresh line, and a reader resyncs at the next record
+inside a damaged line. With `compress=True` each record is its own gzip member; files are streamed
+member by member (memory and time linear in the file), and after a torn or corrupt member reading
+resumes at the next gzip header. A line that is JSON of the wrong shape is a reported problem too.
 """
 
 from __future__ import annotations
@@ -57,9 +60,12 @@ class TraceStore:
             data = gzip.compress(data)
         self.directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if not self.compress and size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # a torn tail (a killed writer, NUL blocks) stays its own line
                 view = memoryview(data)
                 while view:
                     written = os.write(fd, view)
@@ -88,19 +94,11 @@ class TraceStore:
                 yield number, line
 
     def _gzip_lines(self, path: Path, problems: list[str]) -> Iterator[tuple[int, bytes]]:
-        raw = path.read_bytes()
-        number, offset = 0, 0
-        while offset < len(raw):
-            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            try:
-                data = decompressor.decompress(raw[offset:])
-            except zlib.error as exc:
-                problems.append(f"{path.name}: corrupt gzip member at byte {offset} ({exc}), rest skipped")
-                return
-            if not decompressor.eof:
-                problems.append(f"{path.name}: torn gzip member at byte {offset}, skipped")
-                return
-            offset = len(raw) - len(decompressor.unused_data)
+        number = 0
+        for offset, data in _gzip_members(path):
+            if isinstance(data, str):
+                problems.append(f"{path.name}: {data} at byte {offset}, skipped")
+                continue
             for line in io.BytesIO(data):
                 number += 1
                 yield number, line
@@ -109,11 +107,16 @@ class TraceStore:
         rewards: dict[str, list[Reward]] = {}
         for path in self.files():
             for _, line in self._lines(path, []):  # the main pass reports problems
-                if line.startswith(_REWARD_PREFIX):
+                if _REWARD_PREFIX not in line:  # cheap: only reward lines (or damaged ones holding one) are parsed
+                    continue
+                for record in _records(line)[1]:
+                    if record.get("kind") != "reward":
+                        continue
                     try:
-                        record = json.loads(line)
-                        rewards.setdefault(record["run_id"], []).append(Reward.model_validate(record["reward"]))
-                    except (ValueError, KeyError):
+                        run_id = record["run_id"]
+                        if isinstance(run_id, str):
+                            rewards.setdefault(run_id, []).append(Reward.model_validate(record["reward"]))
+                    except (ValueError, KeyError, TypeError):
                         continue
         return rewards
 
@@ -138,17 +141,25 @@ class TraceStore:
             for number, line in self._lines(path, self.problems):
                 if line.startswith(_REWARD_PREFIX) or not line.strip():
                     continue
-                try:
-                    data = json.loads(line)
-                    data.pop("kind", None)
-                    trace = read_trace(data)
-                except ValueError as exc:
-                    self.problems.append(f"{path.name}:{number}: unreadable record ({str(exc)[:120]}), skipped")
-                    continue
-                if trace.run_id in attached:
-                    trace.rewards.extend(attached[trace.run_id])
-                if _keep(trace, suite, task, status, group, reward, since, until):
-                    yield trace
+                whole, records = _records(line)
+                if not records:
+                    self.problems.append(f"{path.name}:{number}: unreadable line ({_why(line)}), skipped")
+                elif not whole:
+                    self.problems.append(f"{path.name}:{number}: damaged line, the record after the damage recovered")
+                for data in records:
+                    if data.get("kind") == "reward":
+                        continue
+                    try:
+                        data = {k: v for k, v in data.items() if k != "kind"}
+                        trace = read_trace(data)
+                    except Exception as exc:  # noqa: BLE001 - any shape of bad record is a problem, never a crash
+                        self.problems.append(f"{path.name}:{number}: not a trace ({type(exc).__name__}: "
+                                             f"{str(exc)[:120]}), skipped")
+                        continue
+                    if trace.run_id in attached:
+                        trace.rewards.extend(attached[trace.run_id])
+                    if _keep(trace, suite, task, status, group, reward, since, until):
+                        yield trace
 
     def get(self, run_id: str) -> Trace:
         for trace in self.read():
@@ -158,6 +169,81 @@ class TraceStore:
 
     def __iter__(self) -> Iterator[Trace]:
         return self.read()
+
+
+_RECORD_START = b'{"kind":"'
+
+
+def _records(line: bytes) -> tuple[bool, list[dict[str, Any]]]:
+    """`(True, [record])` when the line parses whole; otherwise `(False, [record])` for a record that
+    starts later in it and runs to its end (a torn record that a later append was written after, by a
+    writer from before fresh-line appends), or `(False, [])`."""
+    parsed = _object(line)
+    if parsed is not None:
+        return True, [parsed]
+    start = line.find(_RECORD_START, 1)
+    while start != -1:
+        parsed = _object(line[start:])
+        if parsed is not None:
+            return False, [parsed]
+        start = line.find(_RECORD_START, start + 1)
+    return False, []
+
+
+def _object(text: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _why(line: bytes) -> str:
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        return "nested too deep"
+    except ValueError as exc:
+        return f"not JSON: {str(exc)[:80]}"
+    return f"a JSON {type(value).__name__}, not a record"
+
+
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+_CHUNK = 1 << 16
+
+
+def _gzip_members(path: Path) -> Iterator[tuple[int, bytes | str]]:
+    """Each gzip member of a file as `(offset, data)`, or `(offset, why)` for a damaged one, after which
+    reading resumes at the next gzip header. The file is mapped, not read, and fed to the decompressor
+    in bounded chunks: time and memory stay linear in its size."""
+    import mmap
+
+    if path.stat().st_size == 0:
+        return
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        size, position = len(mapped), 0
+        while position < size:
+            start = position
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out: list[bytes] = []
+            why = None
+            try:
+                while position < size and not decompressor.eof:
+                    chunk = mapped[position: position + _CHUNK]
+                    out.append(decompressor.decompress(chunk))
+                    position += len(chunk) - len(decompressor.unused_data)
+            except zlib.error as exc:
+                why = f"corrupt gzip member ({exc})"
+            if why is None and not decompressor.eof:
+                why = "torn gzip member"
+            if why is None:
+                yield start, b"".join(out)
+                continue
+            yield start, why
+            following = mapped.find(_GZIP_MAGIC, start + 1)
+            if following == -1:
+                return
+            position = following
 
 
 def _keep(trace: Trace, suite, task, status, group, reward, since, until) -> bool:  # noqa: ANN001

@@ -91,7 +91,7 @@ def test_a_corrupt_line_is_skipped_and_reported(tmp_path):
     with open(store.path, "ab") as fh:
         fh.write(b'{"kind":"trace","run_id": oops}\n')
     store.append(full_trace(run_id="b"))
-    assert [t.run_id for t in store.read()] == ["a", "b"] and "unreadable record" in store.problems[0]
+    assert [t.run_id for t in store.read()] == ["a", "b"] and "unreadable line" in store.problems[0]
 
 
 @pytest.mark.parametrize("compress", [False, True])
