@@ -290,3 +290,53 @@ async def test_a_reply_nested_too_deep_to_read_fails_its_call_at_once_and_the_ne
     assert deep.error_kind == "tool_error" and "unreadable reply" in deep.text and spent < 5  # was: 20 s, timeout
     assert after.text == "ok echo"
     assert not any(r.exc_info for r in caplog.records if r.name == "mcp.client.stdio")  # one line, no traceback
+
+
+# ---------------------------------------------------------------------------- fuzz
+
+
+def _fuzz_arguments(rng):
+    from raw_server import fuzz_value
+
+    roll = rng.random()
+    if roll < 0.1:
+        return rng.choice([None, [], "text", 3])
+    return {rng.choice(["p0", "p1", "a", "s", "x"]): fuzz_value(rng) for _ in range(rng.randrange(4))} | (
+        {"s": "a" * rng.randrange(60) + "b"} if rng.random() < 0.3 else {})
+
+
+@pytest.mark.slow
+async def test_a_thousand_random_hostile_schemas_and_replies_never_raise_never_hang_and_leave_no_orphan():
+    import random
+
+    from envace_mcp.toolbox import ToolResult
+
+    me = os.getpid()
+    before = children_of(me)
+    rng = random.Random(20)
+    kinds: dict[str, int] = {}
+    calls = 0
+    for seed in (1, 2):  # two servers of 500 tools: 1,000 schemas, each called once with random arguments
+        async with Toolbox({"fuzz": raw(fuzz_seed=seed, fuzz_tools=500)}, timeout=0.5) as toolbox:
+            names = toolbox.catalog.names
+            assert len(names) == 500
+            for name in names:
+                with anyio.fail_after(5):  # the call's own deadline is 0.5 s
+                    result = await toolbox.call(name, _fuzz_arguments(rng))
+                assert isinstance(result, ToolResult)
+                kinds[result.error_kind or "ok"] = kinds.get(result.error_kind or "ok", 0) + 1
+                calls += 1
+    assert calls == 1000
+    # every kind of outcome occurred; a server that broke its session (replies to unknown ids, ...) was restarted
+    assert kinds.get("ok", 0) > 30 and kinds.get("invalid_arguments", 0) > 100 and kinds.get("timeout", 0) > 0
+    assert kinds.get("tool_error", 0) > 30
+    assert wait_until(lambda: children_of(me) <= before, 10)
+
+
+async def test_a_listing_the_sdk_cannot_read_leaves_that_server_out_with_a_short_reason():
+    tools = [{"name": "echo", "inputSchema": {"type": "object"}}] + [
+        {"name": f"bad{i}", "inputSchema": {"type": "object", "properties": []}} for i in range(20)]
+    async with Toolbox({"bad": raw(tools=tools), "probe": build_probe()}) as toolbox:
+        [problem] = toolbox.problems
+        assert "echo" in toolbox.catalog.names and "bad0" not in toolbox.catalog.names
+    assert "'bad' failed to start" in problem and "more lines" in problem and len(problem.splitlines()) <= 6

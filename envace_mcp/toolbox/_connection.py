@@ -336,5 +336,8 @@ def _stderr_stream() -> Any:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
-    text = str(exc)
+    lines = str(exc).splitlines()
+    if len(lines) > 4:  # pydantic lists every invalid field of a listing: the first few say enough
+        lines = [*lines[:4], f"... ({len(lines) - 4} more lines)"]
+    text = "\n".join(lines)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
