@@ -104,7 +104,7 @@ def main() -> None:
         sampler.phase = "rollouts"
         start = time.perf_counter()
         try:
-            trainer.run()
+            trainer.run(progress=True)  # a heartbeat line every 20 s: a step takes minutes
         except RolloutsDone:
             pass
         wall = time.perf_counter() - start
