@@ -69,7 +69,8 @@ def _model_name(value: str | None) -> str | None:
         path = Path(value).expanduser()
         if path.exists() and not path.is_dir():
             raise typer.BadParameter(f"{value!r} is a file; give a model folder or a Hugging Face id")
-        looks_like_path = value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value
+        looks_like_path = "://" not in value and (value.startswith((".", "/", "~")) or value.count("/") > 1
+                                                  or "\\" in value)  # "org/name" is a hub id; URLs are backends
         if looks_like_path and not path.exists():
             raise typer.BadParameter(f"model folder {value!r} does not exist")
     return value

@@ -8,10 +8,10 @@ The gate is code, not text: nothing a tool returns or a model writes can change 
 Decisions, in the order they are checked:
 1. `reject`   — unknown tool or arguments violating its input schema (answered without any server);
 2. `simulate` — simulated mode, or a non-read-only tool in mixed mode: the prediction is the answer;
-3. `feedback` — the rehearsal predicts an error for a tool that is not destructive: not executed, the
-   prediction goes back to the agent so it can revise;
-4. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error):
+3. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error):
    not executed unless `approve_blocked` routes it to a human (`ask`);
+4. `feedback` — the rehearsal predicts an error for any other tool (or blocking is off): not executed,
+   the prediction goes back to the agent so it can revise;
 5. `budget`   — the real-call budget is spent;
 6. `ask`      — the configuration wants a human to approve this call (`interrupt()` shows the call and
    its rehearsed outcome);

@@ -1,4 +1,4 @@
-"""Training: traces → rows, EnvACE role-wise GRPO math, SFT / GRPO trainers (issue E, in progress)."""
+"""Training: traces → rows, EnvACE role-wise GRPO math, SFT / GRPO trainers."""
 
 from envace_mcp.train.grpo import grpo_loss, group_advantages, kl_k3, role_advantages, token_logprobs
 from envace_mcp.train.rows import Batch, Segment, batch_logprobs, collate, segments

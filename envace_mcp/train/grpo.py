@@ -49,6 +49,32 @@ def role_advantages(
     return advantages
 
 
+def trajectory_advantages(
+    rewards: torch.Tensor,  # [S] the reward of each segment (its run's, + any per-segment bonus)
+    groups: torch.Tensor,  # [S] group index
+    runs: torch.Tensor,  # [S] run index: segments of one run share it
+    *,
+    scale: Scale = "none",
+    eps: float = 1e-4,
+) -> torch.Tensor:  # [S]
+    """Standard GRPO's baseline for segmented runs: A = R − mean over the group's *runs* (each run counted
+    once, whatever its number of segments), every segment of a run taking its run's advantage. Equal to
+    `group_advantages` on the runs' rewards. `scale="group"`: over the std of the group's run rewards."""
+    advantages = torch.zeros_like(rewards)  # [S]
+    for group in torch.unique(groups):
+        cell = groups == group  # [S] bool
+        cell_runs = runs[cell]  # [s]
+        first = torch.stack([torch.nonzero(cell_runs == r)[0, 0] for r in torch.unique(cell_runs)])  # [k]
+        per_run = rewards[cell][first]  # [k] one reward per run
+        centred = rewards[cell] - per_run.mean()  # [s]
+        if scale == "group":
+            centred = centred / (_std(per_run) + eps)
+        advantages[cell] = centred
+    if scale == "batch":
+        advantages = advantages / (_std(rewards) + eps)  # [S]
+    return advantages
+
+
 def group_advantages(
     rewards: torch.Tensor,  # [G*K] K runs per group, grouped contiguously
     group_size: int,

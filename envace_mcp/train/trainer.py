@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envace_mcp.errors import UserError
 from envace_mcp.traces import TraceStore
 from envace_mcp.train import distributed
-from envace_mcp.train.grpo import _std, grpo_loss, role_advantages
+from envace_mcp.train.grpo import _std, grpo_loss, role_advantages, trajectory_advantages
 from envace_mcp.train.sft import sft_loss
 from envace_mcp.train.rows import (
     ROLE_INDEX,
@@ -57,18 +57,25 @@ class GRPOConfig(BaseModel):
     epsilon_high: float | None = None
     """DAPO's asymmetric upper clip; None = symmetric."""
     beta: float = 0.0
-    """KL off, as EnvACE (1e-4 when on); β = 0 needs no reference forward pass."""
+    """KL off, as EnvACE (1e-4 when on); β = 0 needs no reference forward pass. With β > 0 each micro-batch
+    also runs the reference: the base model with the adapter disabled (LoRA, as TRL with peft: no second
+    copy), or a frozen copy of the starting weights (full fine-tune)."""
     skip_zero_advantage: bool = True
     """With β = 0, segments whose advantage is exactly 0 (a group whose runs all scored alike) add exactly
     0 to the loss and the gradient: the step leaves them out of the forward/backward passes (same update,
     same loss; ratio/clip metrics then cover the scored tokens). After SFT on the bank suite most groups are
     like that: 7 of 8 in a 2-step act-only online run, whose second update spent 13 min on a zero gradient."""
     loss_type: Literal["token_mean", "sequence_mean", "dr_grpo", "dapo"] = "token_mean"
-    """EnvACE aggregates by token mean."""
+    """EnvACE aggregates by token mean. Two deliberate differences from TRL's same-named losses:
+    `token_mean` divides by every completion token of the *step* (all micro-batches and ranks: one step's
+    loss does not depend on how it is cut), where TRL's `bnpo` divides per micro-batch (equal with one
+    micro-batch per step); `dr_grpo` divides by B x the step's *longest* completion, where TRL divides by
+    its configured `max_completion_length` (equal when a completion reaches that limit)."""
     scale_rewards: Literal["none", "group", "batch"] = "none"
     """EnvACE divides by no std."""
     advantage: Literal["role", "trajectory"] = "role"
-    """"role": EnvACE's per-(task, role) baselines; "trajectory": standard GRPO baseline per task."""
+    """"role": EnvACE's per-(task, role) baselines over segments (a longer run weighs more);
+    "trajectory": standard GRPO, the baseline is the mean over the group's runs, each counted once."""
     roles: list[str] = Field(default_factory=lambda: ["act", "rehearse"])
     """Which roles carry loss; ["act"] is the act-only GRPO ablation."""
     reward: str = "task"
@@ -142,9 +149,14 @@ def step_advantages(groups: list[list[Segment]], config: GRPOConfig) -> torch.Te
                                                if r.role == "rehearse" and r.fidelity is not None else 0.0)
                             for r in rows])  # [S]
     group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g])  # [S]
-    roles = torch.tensor([ROLE_INDEX[r.role] if config.advantage == "role" else 0 for r in rows])  # [S]
     scale = config.scale_rewards
-    advantages = role_advantages(rewards, group_index, roles, scale="none" if scale == "batch" else scale)
+    if config.advantage == "role":
+        roles = torch.tensor([ROLE_INDEX[r.role] for r in rows])  # [S]
+        advantages = role_advantages(rewards, group_index, roles, scale="none" if scale == "batch" else scale)
+    else:
+        run_ids = {run: i for i, run in enumerate(dict.fromkeys(r.run_id for r in rows))}
+        runs = torch.tensor([run_ids[r.run_id] for r in rows])  # [S]
+        advantages = trajectory_advantages(rewards, group_index, runs, scale="none" if scale == "batch" else scale)
     if scale == "batch":
         everything = torch.tensor(distributed.gather(rewards.tolist()))  # the global step's segments
         advantages = advantages / (_std(everything) + 1e-4)
@@ -184,6 +196,13 @@ class OfflineGRPO:
             torch.manual_seed(config.seed)
             model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, task_type="CAUSAL_LM",
                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        self.reference: Any = None
+        """A frozen copy of the starting weights, for β > 0 without LoRA (with LoRA the reference is the
+        model with its adapter disabled)."""
+        if config.beta and not hasattr(model, "disable_adapter"):
+            import copy
+
+            self.reference = copy.deepcopy(model).to(distributed.device()).eval().requires_grad_(False)
         self.model = model.to(distributed.device())
         prepare_for_training(model, config.gradient_checkpointing)
         cap_heap_blocks(config.mmap_threshold_mb)
@@ -285,6 +304,14 @@ class OfflineGRPO:
             with open(self.out / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
 
+    def reference_logprobs(self, batch: Any) -> torch.Tensor:  # [B, T]
+        """The reference policy's log-probs of a batch's completion tokens (for the β·KL term), no grad."""
+        with torch.no_grad():
+            if self.reference is not None:
+                return batch_logprobs(self.reference, batch)
+            with self.model.disable_adapter():
+                return batch_logprobs(self.model, batch)
+
     def update(self, groups: list[list[Segment]]) -> dict[str, float]:
         """One optimizer step over the segments of `groups` (this rank's share of the step's groups
         under torchrun; all of them otherwise), with role-wise or trajectory advantages."""
@@ -332,8 +359,10 @@ class OfflineGRPO:
                     batch = collate(chunk, self.pad_id, share_prefix=config.share_prefix).to(distributed.device())
                     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=config.bf16):
                         logp = batch_logprobs(self.engine, batch)
+                        ref_logp = self.reference_logprobs(batch) if config.beta else None
                     loss, metrics = grpo_loss(logp, batch.old_logprobs, adv.to(logp.device), batch.completion_mask,
                                               epsilon=config.epsilon, epsilon_high=config.epsilon_high,
+                                              beta=config.beta, ref_logp=ref_logp,
                                               loss_type="dapo" if config.loss_type == "token_mean" else config.loss_type,
                                               num_items_in_batch=total_tokens, max_completion_length=int(longest))
                     # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)

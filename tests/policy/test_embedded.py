@@ -6,6 +6,7 @@ from langchain_core.messages import HumanMessage
 
 from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
 from envace_mcp.policy.embedded import embedded_model_dir
+from envace_mcp.policy.parsing import parse_act, parse_prediction
 from envace_mcp.policy.types import REHEARSAL_ERROR_CODES
 
 pytestmark = pytest.mark.anyio
@@ -31,15 +32,19 @@ async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logp
     act = await smol.act(ActRequest(task=task, tools=bank_catalog), SamplingParams(max_new_tokens=24, seed=0))
     # SmolLM2's template has no tools: the text protocol goes into its system turn
     assert "<|im_start|>system\n" in act.prompt_text and "# Tools" in act.prompt_text and "<tools>" in act.prompt_text
-    assert act.parsed.tool_calls or act.parsed.content or act.parsed.issues
+    again = parse_act(act.text)  # what was parsed is what the model wrote, nothing lost or invented
+    assert [(c.name, c.arguments) for c in act.parsed.tool_calls] == [(c.name, c.arguments) for c in again.tool_calls]
+    assert act.parsed.content == again.content and [i.code for i in act.parsed.issues] == [i.code for i in again.issues]
+    assert act.parsed.final_answer == again.final_answer
     call = ToolCall(id="c1", name="get_balance", arguments={"account_id": "CHK-2001"})
     balance = next(t for t in bank_catalog if t.name == "get_balance")
     rehearsal = await smol.rehearse(RehearseRequest(call=call, tool=balance, allowed=bank_catalog,
                                                     history=[HumanMessage(content=task)]),
                                     SamplingParams(max_new_tokens=24, seed=0))
-    assert rehearsal.parsed.status in {"result", "tool_error", "invalid"}
-    if rehearsal.parsed.status == "invalid":
-        assert rehearsal.parsed.code in REHEARSAL_ERROR_CODES
+    again = parse_prediction(rehearsal.text, call, balance)
+    assert (rehearsal.parsed.status, rehearsal.parsed.code, rehearsal.parsed.result) == (again.status, again.code, again.result)
+    if rehearsal.parsed.status == "invalid":  # the bare model writes no <execution_result>: a typed, coded failure
+        assert rehearsal.parsed.code in REHEARSAL_ERROR_CODES and rehearsal.parsed.message
     for gen in (act, rehearsal):
         assert smol.tokenizer.decode(gen.prompt_ids) == gen.prompt_text
         assert smol.tokenizer.decode(gen.completion_ids).startswith(gen.text)

@@ -83,7 +83,11 @@ async def test_seeds_make_generation_reproducible(policy):
     assert one.completion_ids == two.completion_ids
     assert max(abs(a - b) for a, b in zip(one.logprobs, two.logprobs)) < 1e-5
     assert other.completion_ids != one.completion_ids
-    assert one.finish_reason == "length" or one.completion_ids[-1] in policy.eos_ids
+    # a generation ends at its token budget or at an end-of-sequence token, and says which
+    if one.finish_reason == "length":
+        assert len(one.completion_ids) == 10 and one.completion_ids[-1] not in policy.eos_ids
+    else:
+        assert one.finish_reason == "stop" and one.completion_ids[-1] in policy.eos_ids and len(one.completion_ids) <= 10
 
 
 async def test_greedy_decoding_records_raw_logprobs(policy):

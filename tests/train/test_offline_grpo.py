@@ -162,3 +162,58 @@ def test_segments_with_zero_advantage_are_left_out_of_the_passes_and_the_update_
     assert lean_record["grad_norm"] == pytest.approx(full_record["grad_norm"], rel=1e-5)
     assert lean_record["scored_tokens"] < full_record["scored_tokens"] == full_record["tokens"]
     assert lean_passes < full_passes  # micro_batch 2: fewer packed passes for the same update
+
+
+def test_trajectory_advantages_count_each_run_once_whatever_its_segments():
+    from envace_mcp.train.grpo import group_advantages, role_advantages, trajectory_advantages
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0])  # [S] run A: 3 segments, reward 1; run B: 1 segment, reward 0
+    groups, runs = torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 0, 1])
+    assert trajectory_advantages(rewards, groups, runs).tolist() == [0.5, 0.5, 0.5, -0.5]
+    assert role_advantages(rewards, groups, torch.zeros(4, dtype=torch.long)).tolist() == [0.25, 0.25, 0.25, -0.75]
+    two = trajectory_advantages(torch.tensor([1.0, 1.0, 0.0, 0.5, 0.5, 0.5]), torch.tensor([0, 0, 0, 1, 1, 1]),
+                                torch.tensor([0, 0, 1, 2, 3, 3]), scale="group")
+    per_run = group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2, scale="group")  # TRL's, on the runs
+    assert torch.allclose(two, per_run[torch.tensor([0, 0, 1, 2, 3, 3])])
+
+
+def test_the_trainer_uses_the_trajectory_baseline_over_runs(tiny_dir, tmp_path):
+    from envace_mcp.train.trainer import step_advantages
+
+    t = trainer(tiny_dir, tmp_path / "traj", advantage="trajectory")
+    group = t.groups[0]
+    advantages = step_advantages([group], t.config)
+    runs = {r.run_id: r.reward for r in group}
+    mean = sum(runs.values()) / len(runs)
+    assert advantages.tolist() == pytest.approx([r.reward - mean for r in group])
+
+
+def test_beta_adds_the_k3_kl_to_a_reference_without_the_adapter_and_logs_it(tiny_dir, tmp_path):
+    from envace_mcp.train.rows import batch_logprobs, collate
+
+    t = trainer(tiny_dir, tmp_path / "kl", beta=0.1, micro_batch=64, share_prefix=False)
+    torch.manual_seed(0)
+    with torch.no_grad():  # move the adapter off zero, so the policy differs from its reference
+        for name, p in t.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    [group] = t._next_groups()
+    from envace_mcp.train.trainer import step_advantages
+
+    advantages = step_advantages([group], t.config)  # [S]
+    batch = collate(group, t.pad_id)
+    with torch.no_grad():
+        logp = batch_logprobs(t.model, batch)  # [B, T]
+        with t.model.disable_adapter():
+            ref = batch_logprobs(t.model, batch)  # [B, T]
+    mask = batch.completion_mask.float()  # [B, T]
+    ratio = torch.exp(logp - batch.old_logprobs)  # [B, T]
+    adv = advantages.unsqueeze(1)  # [B, 1]
+    surrogate = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)  # [B, T]
+    k3 = torch.exp(ref - logp) - (ref - logp) - 1  # [B, T]
+    expected_kl = float((k3 * mask).sum() / mask.sum())
+    expected = float(((surrogate + 0.1 * k3) * mask).sum() / mask.sum())
+    record = t.update([group])
+    assert expected_kl > 1e-4  # a real difference from the reference, and it is in the loss
+    assert record["kl"] == pytest.approx(expected_kl, rel=1e-4)
+    assert record["loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
