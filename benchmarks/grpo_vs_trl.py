@@ -130,11 +130,15 @@ def run_ours(data, group: int, steps: int, out: str, share: bool = False) -> tup
                        completion_ids=list(c), old_logprobs=list(lp), reward=r)
                for j, (c, lp, r) in enumerate(zip(d["completions"], d["logprobs"], d["rewards"]))]
               for i, d in enumerate(data)]
+    from envace_mcp._progress import Progress
+
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        trainer.update(groups)
-        times.append(time.perf_counter() - start)
+    with Progress(f"our GRPO update{' (share_prefix)' if share else ''}", total=steps) as progress:
+        for _ in range(steps):
+            start = time.perf_counter()
+            trainer.update(groups)
+            times.append(time.perf_counter() - start)
+            progress.advance(**{"s/step": round(times[-1], 1)})
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for g in groups for s in g)
     return times, tokens
 

@@ -99,10 +99,18 @@ def main() -> None:
 
         folder = tempfile.mkdtemp()
         anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=args.rows, score=False))
+    from envace_mcp._progress import Progress
+
     results = {}
+    with Progress("SFT variants (each in its own process)", total=len(VARIANTS)) as progress:
+        outputs = {}
+        for name in VARIANTS:
+            outputs[name] = subprocess.run([sys.executable, __file__, "--traces", folder, "--rows", str(args.rows),
+                                            "--batch-size", str(args.batch_size), "--variant", name],
+                                           capture_output=True, text=True)
+            progress.advance(last=name)
     for name in VARIANTS:
-        out = subprocess.run([sys.executable, __file__, "--traces", folder, "--rows", str(args.rows), "--batch-size",
-                              str(args.batch_size), "--variant", name], capture_output=True, text=True)
+        out = outputs[name]
         if out.returncode != 0:
             print(f"{name:40s} failed (rc {out.returncode}; -9 = killed, e.g. out of memory)")
             continue
