@@ -65,15 +65,19 @@ def test_langgraph_dev_serves_the_graph_and_a_run_over_its_http_api_completes_wi
 
     from envace_mcp.eval.suites import free_port, wait_for_port
 
+    import shutil
+
     langgraph = Path(sys.executable).parent / "langgraph"
     assert langgraph.exists(), "langgraph-cli[inmem] is a test dependency (pip install -e '.[test]')"
+    served = tmp_path / "graphs"  # a copy: the dev server keeps its state in .langgraph_api/ beside the config
+    shutil.copytree(GRAPHS, served, ignore=shutil.ignore_patterns(".langgraph_api", "__pycache__"))
     port = free_port()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false", "HF_HUB_OFFLINE": "1"}
     env.pop("ENVACE_SERVERS", None)
     log = open(tmp_path / "langgraph-dev.log", "wb")
     server = subprocess.Popen([str(langgraph), "dev", "--port", str(port), "--no-browser", "--no-reload"],
-                              cwd=GRAPHS, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                              cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_port(port, server, 120)
         body = {"assistant_id": "envace",
@@ -90,9 +94,9 @@ def test_langgraph_dev_serves_the_graph_and_a_run_over_its_http_api_completes_wi
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
-    served = (tmp_path / "langgraph-dev.log").read_text(errors="replace")
-    assert "__error__" not in out, served[-3000:]
-    assert "BlockingError" not in served
+    logged = (tmp_path / "langgraph-dev.log").read_text(errors="replace")
+    assert "__error__" not in out, logged[-3000:]
+    assert "BlockingError" not in logged
     assert out["status"] in ("finished", "max_steps") and out["steps"] >= 1
     # the shipped adapter makes the embedded model call tools (the bare model never does)
     assert any(m.get("tool_calls") for m in out["messages"] if m["type"] == "ai"), out["messages"]
