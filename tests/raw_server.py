@@ -3,7 +3,9 @@
     python tests/raw_server.py '{"tools": [...], "hang": "tools/list", "stderr_mb": 20, ...}'
 
 Behaviour (all optional): `tools` (listed as given, duplicates and odd schemas included); `hang` (an
-MCP method never answered: "initialize", "tools/list"); `stderr_mb` (megabytes written to stderr at
+MCP method never answered: "initialize", "tools/list"), `hang_if_exists` (a file: hang in
+`initialize` only when it exists, which a call "exit" creates before the server exits: a server that
+starts once and hangs on its restart); `stderr_mb` (megabytes written to stderr at
 start); `calls` maps a tool name to what its call does: "ok", "bad_byte" (one non-UTF-8 byte in the
 reply line, then healthy replies), "deep:N" (a result nested N levels deep), "slow:S" (reply after S
 seconds). Every call is also logged to stderr as `call NAME`. `fuzz_seed` + `fuzz_tools`: list that
@@ -14,6 +16,7 @@ many tools with random hostile input schemas and answer every call with a random
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -153,6 +156,9 @@ def main() -> None:
             continue  # a notification
         if method == behaviour.get("hang"):
             time.sleep(3600)
+        marker = behaviour.get("hang_if_exists")
+        if method == "initialize" and marker and os.path.exists(marker):
+            time.sleep(3600)
         if method == "initialize":
             result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
                       "serverInfo": {"name": "raw", "version": "0"}}
@@ -169,6 +175,10 @@ def main() -> None:
                     out.flush()
                 continue
             action = behaviour.get("calls", {}).get(name, "ok")
+            if action == "exit":
+                if behaviour.get("hang_if_exists"):
+                    open(behaviour["hang_if_exists"], "w").close()
+                sys.exit(3)
             if action == "bad_byte":
                 behaviour["calls"][name] = "ok"  # once
                 out.write(b'{"jsonrpc": "2.0", "id": ' + json.dumps(message_id).encode()

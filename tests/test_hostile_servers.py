@@ -212,6 +212,19 @@ async def test_a_required_server_or_the_only_one_that_hangs_fails_the_open_at_it
                 pass
 
 
+async def test_a_restart_that_hangs_is_given_up_on_at_the_start_up_deadline_too(tmp_path):
+    tools = [{"name": "exit", "inputSchema": {"type": "object"}}, {"name": "echo", "inputSchema": {"type": "object"}}]
+    server = raw(tools=tools, calls={"exit": "exit"}, hang_if_exists=str(tmp_path / "started-once"))
+    async with Toolbox({"flaky": server}, timeout=5, startup_timeout=1) as toolbox:
+        died = await toolbox.call("exit", {})
+        with anyio.fail_after(15):
+            started = time.monotonic()
+            again = await toolbox.call("echo", {})  # the restart hangs in initialize
+            spent = time.monotonic() - started
+    assert died.error_kind == "server_died"
+    assert again.error_kind == "server_died" and "did not start within 1 s" in again.text and spent < 5
+
+
 async def test_a_silent_http_endpoint_is_given_up_on_at_the_deadline():
     import socket
 

@@ -99,9 +99,12 @@ class StderrTail:
 class Connection:
     """The live session to one server, plus what is needed to bring it back after a death."""
 
-    def __init__(self, name: str, spec: ServerSpec, *, client_name: str, capture_stderr: bool) -> None:
+    def __init__(self, name: str, spec: ServerSpec, *, client_name: str, capture_stderr: bool,
+                 startup_timeout: float) -> None:
         self.name = name
         self.spec = spec
+        self.startup_timeout = spec.startup_timeout or startup_timeout
+        """Seconds for every (re)start: spawn, initialize, list tools."""
         self.client_name = client_name
         self.generation = 0
         """Bumped on every (re)start; a failure only kills the generation it happened on."""
@@ -127,15 +130,22 @@ class Connection:
         return self._stderr.tail(limit) if self._stderr is not None else ""
 
     async def start(self, task_group: TaskGroup) -> None:
-        """Start the owner task and wait until the session is up and its tools are listed."""
+        """Start the owner task and wait, at most `startup_timeout`, until the session is up and its tools
+        are listed; the first start and every restart alike."""
         self.generation += 1
         self.dead_reason = None
         try:
-            await task_group.start(self._own, self.generation)
+            with anyio.move_on_after(self.startup_timeout) as deadline:
+                await task_group.start(self._own, self.generation)
         except Exception as exc:
-            tail = self.stderr_tail()
-            detail = f"\n--- server stderr ---\n{tail}" if tail.strip() else ""
-            raise ServerStartError(f"MCP server {self.name!r} failed to start: {_describe(exc)}{detail}") from exc
+            raise self._start_error(f"failed to start: {_describe(exc)}") from exc
+        if deadline.cancelled_caught:
+            raise self._start_error(f"did not start within {self.startup_timeout:g} s (no answer to initialize "
+                                    "or tools/list)")
+
+    def _start_error(self, why: str) -> ServerStartError:
+        tail = self.stderr_tail().strip()
+        return ServerStartError(f"MCP server {self.name!r} {why}" + (f"\n--- server stderr ---\n{tail}" if tail else ""))
 
     async def ensure(self, task_group: TaskGroup) -> Client:
         """The live client, restarting the server first if an earlier call saw it die."""
