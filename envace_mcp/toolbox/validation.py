@@ -247,7 +247,10 @@ def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: A
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
+@functools.cache
 def _bounded(cls: Any) -> Any:
+    """`cls` (a draft's validator class) with time-bounded pattern keywords; one class per draft, shared
+    by every tool (`extend` builds a new class)."""
     plain_additional = cls.VALIDATORS.get("additionalProperties")
 
     def additional_properties(validator: Any, allowed: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
