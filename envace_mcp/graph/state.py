@@ -120,17 +120,20 @@ class EnvaceContext:
     `Command(resume=...)` (needs a checkpointer). Typed `Any` like the other services: the context's
     JSON schema (LangGraph servers publish it) has no type for a callable."""
 
+    def _needs_toolbox(self) -> bool:
+        return self.toolbox is None and bool(self.servers) and self.mode != "simulated"
+
     def ensure(self) -> EnvaceContext:
         """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use; blocking)."""
         if self.policy is None:
             self.policy = _shared_policy(self.model, self.adapter)
-        if self.toolbox is None and self.servers and self.mode != "simulated":
-            self.toolbox = _shared_toolbox(self.servers)
+        if self._needs_toolbox():
+            self.toolbox = _shared_toolbox(self.servers)  # type: ignore[arg-type]
         return self
 
     async def aensure(self) -> EnvaceContext:
         """`ensure()` for the graph's nodes: what is still to load is loaded in a worker thread."""
-        if self.policy is None or (self.toolbox is None and self.servers and self.mode != "simulated"):
+        if self.policy is None or self._needs_toolbox():
             import anyio
 
             await anyio.to_thread.run_sync(self.ensure)
