@@ -114,8 +114,8 @@ def test_policy_try_prints_the_embedded_models_rehearsal_beside_the_real_result(
 
 
 def test_the_embedded_model_comes_with_its_shipped_adapter_unless_told_none():
-    from envace_mcp.cli._common import _adapter
     from envace_mcp.policy.embedded import EMBEDDED_ADAPTER
+    from envace_mcp.policy.embedded import default_adapter as _adapter  # what the CLI and the served graph use
 
     assert _adapter(None, None) == str(EMBEDDED_ADAPTER)  # embedded model: the shipped adapter
     assert _adapter(None, "none") is None and _adapter(None, "None") is None

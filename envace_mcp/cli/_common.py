@@ -130,13 +130,6 @@ AdapterOpt = Annotated[Optional[str], typer.Option(
     help="a LoRA adapter folder; with the embedded model the shipped bank adapter is the default, 'none' for the bare model")]
 
 
-def _adapter(model: str | None, adapter: str | None) -> str | None:
-    """The adapter to load: 'none' = no adapter; unset = the shipped one for the embedded model, none otherwise."""
-    from envace_mcp.policy.embedded import default_adapter
-
-    return default_adapter(model, adapter)
-
-
 def _fail(exc: Exception) -> NoReturn:
     """Bad input or a failed service: one `error:` line on stderr (no traceback), exit code 2."""
     from rich.text import Text

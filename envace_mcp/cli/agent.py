@@ -15,7 +15,6 @@ from envace_mcp.cli._common import (
     ServersOpt,
     TracesOut,
     YesOpt,
-    _adapter,
     _bundled_config,
     _catalog_table,
     _fail,
@@ -79,10 +78,11 @@ def demo(
             else:
                 from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
                 from envace_mcp.policy import load_policy
+                from envace_mcp.policy.embedded import default_adapter
 
                 with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
                     try:
-                        policy = load_policy(model, adapter=_adapter(model, adapter))
+                        policy = load_policy(model, adapter=default_adapter(model, adapter))
                     except EnvaceError as exc:
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
@@ -147,11 +147,12 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
     from envace_mcp.graph import EnvaceContext, create_envace_graph
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.policy import load_policy
+    from envace_mcp.policy.embedded import default_adapter
     from envace_mcp.toolbox import Toolbox
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=_adapter(model, adapter))
+            policy = load_policy(model, adapter=default_adapter(model, adapter))
         except EnvaceError as exc:
             _fail(exc)
     try:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional
 import anyio
 import typer
 
-from envace_mcp.cli._common import AdapterOpt, ModelOpt, _adapter, _fail, _suite, console, policy_app
+from envace_mcp.cli._common import AdapterOpt, ModelOpt, _fail, _suite, console, policy_app
 from envace_mcp.errors import EnvaceError
 
 
@@ -58,13 +58,14 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
         ToolCall,
         load_policy,
     )
+    from envace_mcp.policy.embedded import default_adapter
     from envace_mcp.policy.fidelity import compare
     from envace_mcp.policy.prompts import tool_call_text
     from envace_mcp.toolbox import Toolbox
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=_adapter(model, adapter))
+            policy = load_policy(model, adapter=default_adapter(model, adapter))
         except EnvaceError as exc:
             _fail(exc)
     params = SamplingParams(**sampling)
