@@ -196,15 +196,16 @@ class OfflineGRPO:
             torch.manual_seed(config.seed)
             model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, task_type="CAUSAL_LM",
                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        self.model = model.to(distributed.device())
+        prepare_for_training(model, config.gradient_checkpointing)
         self.reference: Any = None
         """A frozen copy of the starting weights, for β > 0 without LoRA (with LoRA the reference is the
-        model with its adapter disabled)."""
+        model with its adapter disabled). Copied once the model is prepared, so it attends packed rows the
+        same way."""
         if config.beta and not hasattr(model, "disable_adapter"):
             import copy
 
-            self.reference = copy.deepcopy(model).to(distributed.device()).eval().requires_grad_(False)
-        self.model = model.to(distributed.device())
-        prepare_for_training(model, config.gradient_checkpointing)
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         cap_heap_blocks(config.mmap_threshold_mb)
         self.engine = distributed.wrap(self.model)
         """What forward/backward go through: DDP around the model under torchrun, the model itself otherwise."""

@@ -217,3 +217,16 @@ def test_beta_adds_the_k3_kl_to_a_reference_without_the_adapter_and_logs_it(tiny
     assert expected_kl > 1e-4  # a real difference from the reference, and it is in the loss
     assert record["kl"] == pytest.approx(expected_kl, rel=1e-4)
     assert record["loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_a_full_fine_tune_with_beta_keeps_a_frozen_reference_prepared_like_the_model(tiny_dir, tmp_path):
+    from envace_mcp.train.rows import _takes_packed_rows
+
+    t = trainer(tiny_dir, tmp_path / "full", beta=0.1, lora=False)
+    assert t.reference is not None and t.reference is not t.model
+    assert _takes_packed_rows(t.reference) == _takes_packed_rows(t.model)
+    before = {n: p.detach().clone() for n, p in t.reference.named_parameters()}
+    record = t.update(t._next_groups())
+    assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is still its reference
+    assert all(torch.equal(before[n], p) for n, p in t.reference.named_parameters())  # frozen
+    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())  # the policy moved
