@@ -17,7 +17,7 @@ from langchain_core.messages import HumanMessage
 
 from envace_mcp.eval import get_suite
 from envace_mcp.policy import RehearseRequest, SamplingParams, ToolCall, load_policy
-from envace_mcp.policy._batching import Batcher
+from envace_mcp.engine.batcher import Batcher
 from envace_mcp.toolbox import Toolbox
 
 
@@ -39,8 +39,8 @@ async def requests(n: int) -> list[RehearseRequest]:
 
 async def run(policy, batch: list[RehearseRequest], max_new: int) -> tuple[float, int, list, dict]:
     results = [None] * len(batch)
-    policy.prefix_cache.clear()  # both modes pay the same prefill
-    before = dict(policy.prefill_stats)
+    policy.engine.prefix_cache.clear()  # both modes pay the same prefill
+    before = dict(policy.engine.stats)
 
     async def one(i: int) -> None:
         results[i] = await policy.rehearse(batch[i], SamplingParams(max_new_tokens=max_new, seed=i))
@@ -50,7 +50,7 @@ async def run(policy, batch: list[RehearseRequest], max_new: int) -> tuple[float
         for i in range(len(batch)):
             tg.start_soon(one, i)
     elapsed = time.perf_counter() - start
-    spent = {k: policy.prefill_stats[k] - before[k] for k in before}
+    spent = {k: policy.engine.stats[k] - before[k] for k in before}
     return elapsed, sum(len(r.completion_ids) for r in results), results, spent
 
 
@@ -59,8 +59,8 @@ async def main(n: int, max_new: int, dtype: str) -> None:
     batch = await requests(n)
     await run(policy, batch[:2], 4)  # warm-up
     batched_s, batched_tokens, batched, b_spent = await run(policy, batch, max_new)
-    largest = max(policy.batcher.batch_sizes)  # most rows decoded together (the warm-up's stream may run on)
-    policy.batcher = Batcher(policy.generate_batch, max_batch=1, window_s=0.0, stream=policy.stream)
+    largest = max(policy.engine.batcher.batch_sizes)  # most rows decoded together (the warm-up's stream may run on)
+    policy.engine.batcher = Batcher(policy.engine.stream, max_batch=1, window_s=0.0)
     single_s, single_tokens, single, s_spent = await run(policy, batch, max_new)
     same = sum(a.completion_ids == b.completion_ids for a, b in zip(batched, single))
     prompt = sum(len(r.prompt_ids) for r in batched) / n

@@ -41,13 +41,14 @@ def random_adapter(folder: str) -> str:
 
 def main(ns: argparse.Namespace) -> None:
     from envace_mcp.policy import SamplingParams, load_policy
-    from envace_mcp.policy.transformers_backend import _DecodeBatch, _Job
+    from envace_mcp.engine import Job
+    from envace_mcp.engine.batch import DecodeBatch
 
     with tempfile.TemporaryDirectory() as tmp:
         adapter = ns.adapter or random_adapter(tmp)
         policy = load_policy(None, adapter=adapter, dtype=ns.dtype, max_batch_size=16)
     steps: list[float] = []
-    original = _DecodeBatch.step
+    original = DecodeBatch.step
 
     def timed(batch, tokens, positions):
         started = time.perf_counter()
@@ -55,20 +56,20 @@ def main(ns: argparse.Namespace) -> None:
         steps.append(time.perf_counter() - started)
         return out
 
-    _DecodeBatch.step = timed
+    DecodeBatch.step = timed
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(100, 40000, (ns.prefix,), generator=generator).tolist()
-    jobs = [_Job(prefix + torch.randint(100, 40000, (40,), generator=generator).tolist(),
+    jobs = [Job(prefix + torch.randint(100, 40000, (40,), generator=generator).tolist(),
                  SamplingParams(max_new_tokens=40, temperature=1.0), seed=i) for i in range(16)]
-    policy.generate_batch(jobs[:2])  # warm-up
+    policy.engine.generate(jobs[:2])  # warm-up
     settings = [("baseline (own prefix copies, peft path)", False, False), ("share_prefix", True, False),
                 ("merge_lora", False, True), ("both (default)", True, True)]
     results = {}
     for name, share, merge in settings:
-        policy.share_prefix, policy.merge_lora = share, merge
+        policy.engine.share_prefix, policy.engine.merge_lora = share, merge
         for rows in (16, 1):
             steps.clear()
-            policy.generate_batch(jobs[:rows])
+            policy.engine.generate(jobs[:rows])
             results[(name, rows)] = sum(steps[5:30]) / len(steps[5:30]) * 1000
     print(f"embedded SmolLM2-135M ({ns.dtype}) + LoRA {'(' + ns.adapter + ')' if ns.adapter else '(random, r 16, q/k/v/o)'}: "
           f"rows share a {ns.prefix}-token prefix + 40 own tokens; mean ms per decode step (steps 5-30)")

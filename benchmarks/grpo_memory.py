@@ -80,7 +80,7 @@ def main() -> None:
         trainer = OnlineGRPO(GRPOConfig(steps=ns.steps, groups_per_step=4, checkpoint_every=ns.steps, **extra), suite, out, k=4,
                              tools=anyio.run(catalog), sampling={"act": params, "rehearse": params})
         if ns.prefix_cache_tokens is not None:
-            trainer.policy.prefix_cache.max_tokens = ns.prefix_cache_tokens
+            trainer.policy.engine.prefix_cache.max_tokens = ns.prefix_cache_tokens
         weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         update = trainer.update
 
@@ -112,13 +112,13 @@ def main() -> None:
     sampler.thread.join()
     gb = 1024**3
     print(f"online GRPO, embedded SmolLM2-135M fp32 + LoRA, {ns.steps} steps x 16 simulated runs, "
-          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {trainer.policy.prefix_cache.max_tokens} tokens, "
-          f"KV budget {trainer.policy.kv_budget_gb} GB, "
+          f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {trainer.policy.engine.prefix_cache.max_tokens} tokens, "
+          f"KV budget {trainer.policy.engine.kv_budget_gb} GB, "
           f"{extra or 'default micro-batches'} ({wall:.0f} s, updates {', '.join(f'{t:.0f}' for t in update_seconds)} s)")
-    stats = trainer.policy.prefill_stats
+    stats = trainer.policy.engine.stats
     print(f"  rollouts: {stats['decode_rows'] / max(stats['decode_steps'], 1):.1f} rows per decode step, "
           f"{stats['grouped_rows']} rows in prefix groups, {stats['kv_waits']} waits for KV room, "
-          f"largest decode batch {trainer.policy.kv_peak_slots} KV slots, "
+          f"largest decode batch {trainer.policy.engine.kv_peak_slots} KV slots, "
           f"prefill {stats['prefill_s']:.0f} s, decode {stats['decode_s']:.0f} s")
     print(f"  model weights (baseline): {weights / gb:.2f} GB")
     for phase in ("load", "rollouts", "update"):

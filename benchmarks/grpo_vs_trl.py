@@ -50,11 +50,11 @@ def sample_data(n_prompts: int, group: int, max_new: int):
         chat, schemas = render_act(ActRequest(task=task.instruction, tools=tools, instructions=suite.instructions))
         text = policy.render(chat, schemas)
         prompt_ids = policy.encode(text)
-        from envace_mcp.policy.transformers_backend import _Job
+        from envace_mcp.engine import Job
 
-        jobs = [_Job(prompt_ids, SamplingParams(max_new_tokens=max_new, temperature=1.0), seed=rng.randrange(2**31))
+        jobs = [Job(prompt_ids, SamplingParams(max_new_tokens=max_new, temperature=1.0), seed=rng.randrange(2**31))
                 for _ in range(group)]
-        outs = policy.generate_batch(jobs)
+        outs = policy.engine.generate(jobs)
         data.append({"prompt": text, "prompt_ids": prompt_ids,
                      "completions": [o.completion_ids for o in outs], "logprobs": [o.logprobs for o in outs],
                      "rewards": [rng.random() for _ in outs]})

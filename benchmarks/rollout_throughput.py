@@ -26,7 +26,7 @@ from envace_mcp._progress import Progress
 from envace_mcp.eval import get_suite
 from envace_mcp.graph import GateConfig
 from envace_mcp.policy import SamplingParams, load_policy
-from envace_mcp.policy._batching import Batcher
+from envace_mcp.engine.batcher import Batcher
 from envace_mcp.policy.prompts import render_act, render_critique, render_rehearse
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.train.rollouts import rollout_group
@@ -64,10 +64,9 @@ class Seeded:
 
 async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, gate: GateConfig, temperature: float,
                    label: str = "warm-up"):
-    policy.prefix_cache.clear()
-    policy.batcher = Batcher(policy.generate_batch, max_batch=batch, window_s=0.01 if batch > 1 else 0.0,
-                             stream=policy.stream)
-    before = dict(policy.prefill_stats)
+    policy.engine.prefix_cache.clear()
+    policy.engine.batcher = Batcher(policy.engine.stream, max_batch=batch, window_s=0.01 if batch > 1 else 0.0)
+    before = dict(policy.engine.stats)
     suite = get_suite("bank")
     seeded = Seeded(policy, max_new, temperature)
     start = time.perf_counter()
@@ -87,9 +86,9 @@ async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, g
             if step.completion_ids:
                 tokens[step.role] += len(step.completion_ids)
                 completions[(step.role, tuple(step.completion_ids))] += 1
-    spent = {k: policy.prefill_stats[k] - before[k] for k in before}
+    spent = {k: policy.engine.stats[k] - before[k] for k in before}
     return {"wall": wall, "runs": len(traces), "tokens": tokens, "completions": completions,
-            "batches": list(policy.batcher.batch_sizes),
+            "batches": list(policy.engine.batcher.batch_sizes),
             "spent": spent, "reward": sum(t.rewards[0].value for t in traces) / len(traces)}
 
 

@@ -29,6 +29,12 @@ def probe_stdio(probe_log: Path) -> dict:
     return {"command": sys.executable, "args": [PROBE], "env": {"PROBE_LOG": str(probe_log)}}
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    """A ~1M-parameter Qwen3-shaped model with a locally trained tokenizer (plumbing, not accuracy)."""
+    from envace_mcp.testing import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 @pytest.fixture(scope="session")

@@ -32,16 +32,11 @@ def train_sft_command(
     store = _store(traces)  # read before anything heavy is imported
     if not any(True for _ in store.read()):
         _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from envace_mcp._progress import Progress
-
-    from envace_mcp.policy.embedded import embedded_model_dir
+    from envace_mcp.engine.model import load_model
     from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
 
-    name = model or str(embedded_model_dir())
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    lm = AutoModelForCausalLM.from_pretrained(name)
+    lm, tokenizer = load_model(model, dtype="auto")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
     rows = sft_rows(store.read(), encode, end, min_reward=min_reward)
     if not rows:

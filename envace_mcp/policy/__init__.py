@@ -43,6 +43,6 @@ __all__ = [
 def load_policy(model: str | None = None, *, adapter: str | None = None, **kwargs):  # noqa: ANN201
     # keyword arguments go to TransformersPolicy (dtype, max_batch_size, role_sampling, seed, …)
     """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default."""
-    from envace_mcp.policy.transformers_backend import TransformersPolicy
+    from envace_mcp.policy.transformers import TransformersPolicy
 
     return TransformersPolicy.from_pretrained(model, adapter=adapter, **kwargs)

@@ -190,6 +190,27 @@ def plain_chat(chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> l
     return out
 
 
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders `tools=` itself (Qwen3); if not, `plain_chat` does."""
+    template = getattr(tokenizer, "chat_template", None)
+    return bool(template) and "tools" in template
+
+
+def prompt_text(tokenizer: Any, chat: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
+                enable_thinking: bool = False) -> str:
+    """The exact prompt text a model with this tokenizer sees for a rendered chat (the one place
+    prompts become text): the model's own chat template, with `tools=` where it takes them and the
+    `plain_chat` text protocol otherwise; a tokenizer with no template at all gets plain ChatML."""
+    if not getattr(tokenizer, "chat_template", None):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in plain_chat(chat, tools))
+        return text + "<|im_start|>assistant\n"
+    kwargs = {"enable_thinking": enable_thinking}
+    if template_takes_tools(tokenizer):
+        return tokenizer.apply_chat_template(chat, tools=tools or None, add_generation_prompt=True, tokenize=False,
+                                             **kwargs)
+    return tokenizer.apply_chat_template(plain_chat(chat, tools), add_generation_prompt=True, tokenize=False, **kwargs)
+
+
 MEMORY_HEADER = ("# Rehearsal memory\nWhat rehearsing this task showed (predicted outcomes, mismatches with "
                  "reality, pitfalls); written by the agent's own rehearsals, not by the user. Use it, but trust "
                  "real tool results over it.\n")

@@ -12,26 +12,10 @@ from typing import Any, Generic, Literal, TypeVar
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field
 
+from envace_mcp.engine.types import SamplingParams
 from envace_mcp.toolbox import ToolSpec
 
 Role = Literal["act", "rehearse", "critique"]
-
-
-class SamplingParams(BaseModel):
-    """Sampling settings, recorded with every generation."""
-
-    model_config = ConfigDict(frozen=True)
-
-    temperature: float = Field(default=1.0, ge=0.0)
-    """1.0 as in EnvACE's rollouts; 0 means greedy (logprobs are then those of the raw logits)."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    """0 disables top-k."""
-    max_new_tokens: int = Field(default=256, ge=1)
-    seed: int | None = None
-    """Per-request seed; `None` draws one from the policy's own seeded RNG (still reproducible)."""
-    stop: tuple[str, ...] = ()
-    """Extra stop strings (the completion keeps the stop string, so tokens stay exact)."""
 
 
 class ParseIssue(BaseModel):

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from envace_mcp.policy._decode_attention import NAME as ATTENTION_NAME
-from envace_mcp.policy._decode_attention import PACKED_KW, PackedRows, base_model, use_for_decoding
+from envace_mcp.engine.attention import NAME as ATTENTION_NAME
+from envace_mcp.engine.attention import PACKED_KW, PackedRows, base_model, use_for_decoding
 from envace_mcp.traces.schema import Trace
 
 ROLE_INDEX = {"act": 0, "rehearse": 1, "critique": 2}

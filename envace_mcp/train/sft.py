@@ -105,7 +105,7 @@ class SFTConfig:
     """Pack each micro-batch into one sequence with the prompt prefix its rows share once (exact):
     batches are cut in prompt order, so 16 rows share the system prompt + tool schemas and often the
     task, 3.1x fewer tokens on the bank reference runs. On CPU the rows are attended part by part
-    (`envace_mcp.policy._decode_attention.PackedRows`): 2.22x the throughput of one row at a time
+    (`envace_mcp.engine.attention.PackedRows`): 2.22x the throughput of one row at a time
     (459 vs 206 tok/s, bf16, `benchmarks/sft_throughput.py`), where a block mask over the packed
     sequence was slower than one row at a time (0.91x)."""
     bf16: bool = False

@@ -174,12 +174,9 @@ class OfflineGRPO:
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         if model is None:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from envace_mcp.engine.model import load_model
 
-            from envace_mcp.policy.embedded import embedded_model_dir
-
-            name = config.model or str(embedded_model_dir())
-            model, tokenizer = AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+            model, tokenizer = load_model(config.model, adapter=config.adapter, dtype="auto", trainable=True)
         self.tokenizer = tokenizer
         self.groups = self.trainable_groups(TraceStore(traces).read()) if traces is not None else []
         if traces is not None and not self.groups:
@@ -187,9 +184,10 @@ class OfflineGRPO:
                             f"'{config.reward}' reward")
         self.pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
         if config.adapter:
-            from peft import PeftModel
+            if not _is_peft(model):  # (`load_model` above loads it)
+                from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, config.adapter, is_trainable=True)
+                model = PeftModel.from_pretrained(model, config.adapter, is_trainable=True)
         elif config.lora:
             from peft import LoraConfig, get_peft_model
 
@@ -455,7 +453,7 @@ class OnlineGRPO(OfflineGRPO):
                  tools: list[Any] | None = None, gate: Any = None, sampling: dict[str, Any] | None = None,
                  split: str = "train", **kwargs: Any) -> None:
         super().__init__(config, None, out, **kwargs)
-        from envace_mcp.policy.transformers_backend import TransformersPolicy
+        from envace_mcp.policy.transformers import TransformersPolicy
 
         self.suite, self.k, self.mode, self.tools, self.gate = suite, k, mode, tools, gate
         self.sampling = sampling or {}
@@ -488,12 +486,15 @@ class OnlineGRPO(OfflineGRPO):
 
         traces = anyio.run(collect)  # train_step is synchronous; rollouts run on their own event loop
         backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
-        backend.wait_idle()  # the last stream's worker thread may still be winding down after its last result
-        # the update makes the cached keys/values stale (the cache would drop them at the next
-        # generation); freed now, so the update's activations never sit next to them (peak memory)
-        backend.prefix_cache.clear()
+        # the update changes the weights: the engine's cached keys/values are freed now, so the update's
+        # activations never sit next to them (peak memory)
+        backend.engine.weights_changed()
         self.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
             store.append(trace)
         return self.update(self.trainable_groups(traces))
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config")

@@ -65,11 +65,11 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     traces = list(TraceStore(tmp_path / "run" / "traces").read())
     assert len(traces) == 6 and len({t.group_id for t in traces}) == 2
     assert all(t.reward("task") is not None and t.mode == "simulated" for t in traces)
-    assert max(trainer.policy.batcher.batch_sizes) == 3  # the group's turns were generated together
-    assert trainer.policy.kv_budget_gb == 1.0  # "auto" on CPU: rollouts' decode batches stay within 1 GB
-    assert trainer.policy.prefix_cache.max_tokens == 16384
+    assert max(trainer.policy.engine.batcher.batch_sizes) == 3  # the group's turns were generated together
+    assert trainer.policy.engine.kv_budget_gb == 1.0  # "auto" on CPU: rollouts' decode batches stay within 1 GB
+    assert trainer.policy.engine.prefix_cache.max_tokens == 16384
     # the trainer switched its model to our attention before the policy asked: rows still share prefixes
-    assert trainer.policy.decode_attention and trainer.policy.prefill_stats["grouped_rows"] > 0
+    assert trainer.policy.engine.decode_attention and trainer.policy.engine.stats["grouped_rows"] > 0
     assert records[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
 
 

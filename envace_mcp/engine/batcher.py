@@ -1,13 +1,11 @@
-"""Coalescing concurrent generation requests into padded batches.
+"""From concurrent async requests to one decode stream in a worker thread (continuous batching).
 
 Many graph runs ask the policy for a turn at nearly the same time (GRPO groups, test-time
-rehearsal). Each request waits a short window for company, then the batch is generated in one
-padded forward pass per token, in a worker thread so the event loop keeps running the graphs.
-
-With a `stream` function the batch stays open while it runs (continuous batching): requests that
-arrive meanwhile join it at the next token step, and each result is delivered as soon as its row
-finishes, so a run whose turn is done goes on to its next request instead of waiting for the
-batch's longest row.
+rehearsal). The first request waits a short window for company, then a `stream` function runs in a
+worker thread, so the event loop keeps running the graphs. The stream stays open while it runs:
+requests that arrive meanwhile join it at the next token step, and each result is delivered as soon
+as its row finishes, so a run whose turn is done goes on to its next request instead of waiting for
+the batch's longest row.
 """
 
 from __future__ import annotations
@@ -26,14 +24,13 @@ R = TypeVar("R")
 
 
 class Batcher(Generic[J, R]):
-    """Collects jobs per event loop and runs them `max_batch` at a time through `run`."""
+    """Collects jobs per event loop and streams them, up to `max_batch` rows at a time, through `stream`."""
 
-    def __init__(self, run: Callable[[list[J]], list[R]], *, max_batch: int = 16, window_s: float = 0.01,
-                 max_wait_s: float = 0.25, stream: Callable[[Feed[J, R], int], int] | None = None) -> None:
-        self.run = run
+    def __init__(self, stream: Callable[[Feed[J, R], int], int], *, max_batch: int = 16, window_s: float = 0.01,
+                 max_wait_s: float = 0.25) -> None:
         self.stream = stream
-        """Optional continuous batching: `stream(feed, max_rows)` takes jobs from `feed` while it runs,
-        delivers each result through it and reports how many rows it decodes together (`feed.rows`)."""
+        """`stream(feed, max_rows)` takes jobs from `feed` while it runs, delivers each result through it
+        and reports how many rows it decodes together (`feed.rows`)."""
         self.max_batch = max(1, max_batch)
         self.window_s = window_s
         """How long the batch stays open after the last request arrived."""
@@ -41,8 +38,7 @@ class Batcher(Generic[J, R]):
         """The longest the first request of a batch waits for company."""
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[J, R]] = weakref.WeakKeyDictionary()
         self.batch_sizes: list[int] = []
-        """Sizes of the batches run so far; streamed: the most rows decoded together in each (for
-        benchmarks and tests)."""
+        """The most rows decoded together in each stream so far (for benchmarks and tests)."""
 
     async def submit(self, job: J) -> R:
         loop = asyncio.get_running_loop()
@@ -79,29 +75,11 @@ class _Queue(Generic[J, R]):
                 if len(self.pending) > seen:
                     seen = len(self.pending)
                     deadline = min(time.monotonic() + owner.window_s, opened + owner.max_wait_s)
-            if owner.stream is not None:
-                feed = Feed(self, asyncio.get_running_loop())
-                try:
-                    await anyio.to_thread.run_sync(owner.stream, feed, owner.max_batch)
-                except Exception as exc:  # a failed stream fails the jobs it had taken, not the queue
-                    feed.fail_outstanding(exc)
-                continue
-            with self.lock:
-                batch = [(j, f) for j, f in self.pending[: owner.max_batch] if not f.done()]
-                del self.pending[: owner.max_batch]
-            if not batch:
-                continue
-            owner.batch_sizes.append(len(batch))
+            feed = Feed(self, asyncio.get_running_loop())
             try:
-                results = await anyio.to_thread.run_sync(owner.run, [j for j, _ in batch])
-            except Exception as exc:  # a failed batch fails its callers, not the queue
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), result in zip(batch, results):
-                if not future.done():
-                    future.set_result(result)
+                await anyio.to_thread.run_sync(owner.stream, feed, owner.max_batch)
+            except Exception as exc:  # a failed stream fails the jobs it had taken, not the queue
+                feed.fail_outstanding(exc)
 
 
 class Feed(Generic[J, R]):

@@ -6,7 +6,7 @@ import time
 import anyio
 import pytest
 
-from envace_mcp.policy._batching import Batcher
+from envace_mcp.engine.batcher import Batcher
 
 pytestmark = pytest.mark.anyio
 
@@ -32,7 +32,7 @@ def counting_stream(feed, max_rows):
 
 
 async def test_a_request_arriving_mid_stream_joins_it_and_returns_before_the_long_one():
-    batcher = Batcher(lambda jobs: [], stream=counting_stream, max_batch=4, window_s=0.0)
+    batcher = Batcher(counting_stream, max_batch=4, window_s=0.0)
     finished: list[str] = []
 
     async def one(name, steps, delay):
@@ -49,7 +49,7 @@ async def test_a_request_arriving_mid_stream_joins_it_and_returns_before_the_lon
 
 
 async def test_a_full_stream_leaves_later_requests_for_the_next_and_failures_stay_local():
-    batcher = Batcher(lambda jobs: [], stream=counting_stream, max_batch=2, window_s=0.01)
+    batcher = Batcher(counting_stream, max_batch=2, window_s=0.01)
     results = {}
 
     async def one(i, steps):
@@ -77,7 +77,7 @@ async def test_a_stream_that_crashes_fails_its_callers_and_the_queue_goes_on():
         for steps, ticket in taken:
             feed.deliver(ticket, steps * 2)
 
-    batcher = Batcher(lambda jobs: [], stream=flaky, max_batch=4, window_s=0.0)
+    batcher = Batcher(flaky, max_batch=4, window_s=0.0)
     with pytest.raises(RuntimeError, match="device lost"):
         await batcher.submit(1)
     assert await batcher.submit(21) == 42

@@ -1,0 +1,386 @@
+"""The decode batch: every row's keys/values in one buffer per layer, rows joining and leaving at any
+token step, shared prompt prefixes held once, all within a memory budget."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from envace_mcp.engine.attention import PREFIX_KW, SharedPrefixes
+from envace_mcp.engine.prefix_cache import common_prefix
+
+
+class DecodeBatch:
+    """The decode batch's keys/values: one buffer per layer, (rows, kv heads, columns, head dim).
+
+    All rows write their next token in the same column (`seen`); each row's prompt sits right-aligned
+    before the column that was current when it joined, and the attention mask hides every column a
+    row does not own (its left padding, and the gap when a longer prompt joined later). Position ids
+    are per row, so a row's positions do not depend on where its columns are. Rows leave by
+    swapping the last row into their slot (one row copied). Models with other cache layers than plain
+    full attention (sliding windows) decode one row at a time with the library's cache object.
+
+    With `shared_prefix` (CPU models on the packed decode attention), rows whose prompts start alike
+    form groups (`PrefixGroup`): a group's common prefix is kept once (positions 0..P-1) and its rows'
+    columns hold only what follows, so a step reads the prefix once instead of once per row (GRPO
+    rollouts: the act rows share the act system prompt and tool schemas, the rehearse rows theirs —
+    most of each prompt). A row joins the group it shares most with; sharing less than the group's
+    prefix shortens it (the tail is copied into the group's rows' columns first); sharing too little
+    starts a new group, or none.
+    """
+
+    compact_from = 256
+    """Leading columns no live row uses are dropped once there are this many and they are half the buffer."""
+    min_shared = 64
+    """A prefix shorter than this is not worth a group (two attention calls instead of one)."""
+    max_groups = 4
+    """More groups than this and a prompt joins the group it shares most with (if >= `min_shared`)."""
+
+    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
+                 shared_prefix: bool = False, budget_bytes: float | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache_kw, self.device, self.max_rows = model, cache_kw, device, max_rows
+        self.budget_bytes = budget_bytes  # `Engine.kv_budget_gb`
+        self.budget: int | None = None
+        """The budget in key/value slots (rows x columns + shared prefix tokens), once the first row's
+        keys/values tell the bytes a slot takes (all layers); None: no budget (or no row yet)."""
+        self.cache = DynamicCache(config=model.config)
+        self.joinable = joinable  # `plain_layers(model.config)`
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        self.rows = 0  # live rows: slots [0, rows)
+        self.seen = 0  # columns in use; the next token of every row goes to column `seen`
+        self.starts: list[int] = []  # first column of each row's prompt
+        self.wanted = (0, 0)  # rows x columns `place` needs (set by `make_room`)
+        self.shared_prefix = shared_prefix and joinable and max_rows > 1  # one row: nothing to share with
+        self.groups: list[PrefixGroup] = []
+        self.row_groups: list[PrefixGroup | None] = []  # each row's group (None: its columns hold its whole prompt)
+
+    # -- membership
+
+    def make_room(self, prompts: list[list[int]], new_tokens: list[int], remaining: list[int]) -> list[PrefixGroup | None]:
+        """Get ready for rows with `prompts` (`place` adds them one by one, so the prefilled keys/values
+        of a whole group of arrivals never sit in memory next to the batch at once); returns the prefix
+        group of each, for `place`."""
+        plans = [self._group_for(ids) for ids in prompts] if self.shared_prefix else [None] * len(prompts)
+        lengths = [len(ids) - (len(group.ids) if group else 0) for ids, group in zip(prompts, plans)]
+        seen = max([self.seen, *lengths])
+        self.wanted = (self.rows + len(lengths), seen + max([*new_tokens, *remaining]))
+        if self.keys:
+            self._reserve(*self.wanted)
+            self.mask[: self.rows, self.seen:seen] = 0  # existing rows skip the columns of a longer new prompt
+        self.seen = seen
+        self._bind()
+        return plans
+
+    def slots(self) -> int:
+        """Key/value token slots held: the buffers' rows x columns (padding included), and each shared
+        prefix once."""
+        return self.mask.shape[0] * self.mask.shape[1] + self.prefix_slots()
+
+    def prefix_slots(self) -> int:
+        return sum(len(group.ids) for group in self.groups)
+
+    def slots_with(self, prompt: list[int], new_tokens: int, remaining: list[int], *, trimmed: bool = False) -> int:
+        """What `slots` would be, about, with one more row for `prompt` (without changing the batch):
+        the buffers as they are if the row fits in them, else the rows then in use times the columns
+        they span; plus the shared prefixes. `trimmed`: as if `trim` had dropped the rows no one uses."""
+        # as `_group_for` decides, without changing anything: a new group holds its prefix once, and a group
+        # the prompt shares less with gives up tokens of its prefix to its rows' columns
+        best, share = self._best_group(prompt) if self.shared_prefix else (None, 0)
+        tail, prefix, seen = len(prompt) - share, share if best is None else 0, self.seen
+        if best is not None and share < len(best.ids):  # joining shortens the group (`_shorten`)
+            cut = len(best.ids) - share  # prefix tokens that move into its rows' columns
+            prefix = -cut
+            seen += self._shortening_shift(best, cut)
+        rows, columns = self.rows + 1, max(seen, tail) + max([new_tokens, *remaining])
+        have_rows, have_cols = self.mask.shape
+        have_rows = min(have_rows, self.rows) if trimmed else have_rows
+        held = have_rows * have_cols if rows <= have_rows and columns <= have_cols else rows * columns  # or regrown
+        return held + self.prefix_slots() + prefix
+
+    def fits(self, prompt: list[int], new_tokens: int, remaining: list[int]) -> bool:
+        """Whether one more row for `prompt` keeps the batch within its budget (`slots_with`), after
+        dropping buffer rows no one uses if that makes the difference."""
+        if self.budget is None or self.slots_with(prompt, new_tokens, remaining) <= self.budget:
+            return True
+        if self.slots_with(prompt, new_tokens, remaining, trimmed=True) > self.budget:
+            return False  # it waits (no copy for nothing)
+        self.trim()
+        return True
+
+    def forget(self, group: PrefixGroup | None) -> None:
+        """Drop a prefix group `make_room` made for a row that never came (its prefill failed)."""
+        if group is not None and not group.layers and all(g is not group for g in self.row_groups):
+            self.groups.remove(group)
+
+    def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], group: PrefixGroup | None = None) -> None:
+        """Add one prefilled row (per-layer (1, kv heads, n, head dim)) right-aligned before `seen`; with
+        its prefix `group` (from `make_room`) only the tokens after the group's prefix go in."""
+        if group is not None:
+            shared = len(group.ids)
+            if not group.layers:  # copied: the row's own tensors hold its whole prompt
+                group.layers = [(k[:, :, :shared].clone(), v[:, :, :shared].clone()) for k, v in kv]
+            kv = [(k[:, :, shared:], v[:, :, shared:]) for k, v in kv]
+        self._reserve(*self.wanted, like=kv)
+        slot, n, seen = self.rows, kv[0][0].shape[2], self.seen
+        self.mask[slot] = 0
+        self.mask[slot, seen - n:seen] = 1
+        for layer, (keys, values) in enumerate(kv):
+            self.keys[layer][slot, :, seen - n:seen] = keys[0]
+            self.values[layer][slot, :, seen - n:seen] = values[0]
+        self.starts.append(seen - n)
+        self.row_groups.append(group)
+        self.rows += 1
+        self._bind()
+
+    def remove(self, slot: int) -> None:
+        """Drop a row: the last row moves into its slot (row order is the caller's list order too)."""
+        last = self.rows - 1
+        if self.joinable:
+            if slot != last:
+                for buf in (*self.keys, *self.values):
+                    buf[slot, :, : self.seen] = buf[last, :, : self.seen]
+                self.mask[slot, : self.seen] = self.mask[last, : self.seen]
+                self.starts[slot] = self.starts[last]
+            gone = self.row_groups[slot]
+            self.row_groups[slot] = self.row_groups[last]
+            self.starts.pop()
+            self.row_groups.pop()
+            if gone is not None and all(group is not gone for group in self.row_groups):
+                self.groups.remove(gone)
+            self.rows = last
+            self._compact()
+            self._bind()
+        else:  # the one row of a library cache (`start_alone`)
+            self.rows = 0
+
+    # -- one step
+
+    def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Feed each row's last token; (rows, vocab) float32 logits for the next one."""
+        if self.rows == 1 and self.row_groups and self.row_groups[0] is not None:
+            # one row left: the split attention only costs (~15 % of a one-row step); its prefix goes back in
+            group = self.row_groups[0]
+            self._shorten(group, 0)
+            self.groups.remove(group)
+            self.row_groups[0] = None
+        if self.joinable and self.seen + 1 > self.mask.shape[1]:
+            self._reserve(self.rows, self.seen + 1)
+            self._bind()
+        if self.mask.shape[1] <= self.seen:  # plain library cache: the mask grows with it
+            self.mask = torch.cat([self.mask, self.mask.new_zeros(self.mask.shape[0], 1)], dim=1)
+        self.mask[: self.rows, self.seen] = 1
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)[:, None]
+        shared = {PREFIX_KW: self._prefixes()} if self.groups else {}
+        out = self.model(input_ids=ids, attention_mask=self.mask[: self.rows, : self.seen + 1], position_ids=pos,
+                         use_cache=True, **{self.cache_kw: self.cache}, **shared)
+        self.seen += 1
+        if self.joinable:
+            self._bind()
+        return out.logits[:, -1, :].float()
+
+    # -- storage
+
+    def _reserve(self, rows: int, columns: int, like: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Make the buffers hold at least `rows` x `columns` (grown with slack: one copy when grown).
+        `like`: one prompt's per-layer keys/values, for the shapes of the first buffers."""
+        have_rows, have_cols = self.mask.shape
+        if rows <= have_rows and columns <= have_cols:
+            return
+        need_rows, need_cols = rows, columns
+        rows = max(rows, min(2 * have_rows, self.max_rows))  # rows join one by one: grow by doubling
+        columns = max(columns, have_cols + max(have_cols // 4, 64)) if columns > have_cols else have_cols
+        if self.budget is not None:  # slack only within the budget: a regrown buffer may drop rows no one uses
+            room = max(self.budget - self.prefix_slots(), 0)  # the shared prefixes count too
+            rows = max(need_rows, self.rows, min(rows, room // max(columns, 1)))
+            columns = max(need_cols, min(columns, room // max(rows, 1)))
+        self._resize(rows, columns, like)
+
+    def trim(self) -> bool:
+        """Drop the buffer rows no live row uses (rows that left keep their slots until the buffers are
+        regrown); True if there were any."""
+        if not self.keys or self.mask.shape[0] <= self.rows:
+            return False
+        self._resize(self.rows, self.mask.shape[1])
+        self._bind()
+        return True
+
+    def _resize(self, rows: int, columns: int, like: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        have_cols = self.mask.shape[1]
+        used = min(self.seen, have_cols)
+        mask = self.mask.new_zeros((rows, columns))
+        mask[: self.rows, :used] = self.mask[: self.rows, :used]
+        self.mask = mask
+        self._unbind()  # views of the old buffers: let each go once copied
+        if not self.keys:
+            if self.budget_bytes is not None and like:
+                slot = sum(k[0, :, 0].numel() * k.element_size() + v[0, :, 0].numel() * v.element_size() for k, v in like)
+                self.budget = max(1, int(self.budget_bytes // slot))
+            for keys, values in like or []:
+                self.keys.append(keys.new_zeros((rows, keys.shape[1], columns, keys.shape[3])))
+                self.values.append(values.new_zeros((rows, values.shape[1], columns, values.shape[3])))
+            return
+        for bufs in (self.keys, self.values):
+            for layer, old in enumerate(bufs):
+                new = old.new_zeros((rows, old.shape[1], columns, old.shape[3]))
+                new[: self.rows, :, :used] = old[: self.rows, :, :used]
+                bufs[layer] = new
+
+    def _best_group(self, ids: list[int]) -> tuple[PrefixGroup | None, int]:
+        """Where a prompt would go, without changing anything: (a group, the tokens it would share with
+        it) to join; (None, n) to start a new group of its first n tokens; (None, 0) for no group."""
+        best, share = None, 0
+        for group in self.groups:
+            n = common_prefix(group.ids, ids, limit=len(ids) - 1)  # the row keeps one token of its own
+            if n > share:
+                best, share = group, n
+        full = len(self.groups) >= self.max_groups
+        if best is not None and share >= self.min_shared and (2 * share >= len(best.ids) or full):
+            return best, share
+        return None, len(ids) - 1 if not full and len(ids) - 1 >= self.min_shared else 0
+
+    def _group_for(self, ids: list[int]) -> PrefixGroup | None:
+        """The group a prompt joins (shortened to what they share), a new group, or None."""
+        best, share = self._best_group(ids)
+        if best is not None:
+            if share < len(best.ids):
+                self._shorten(best, share)
+            return best
+        if not share:
+            return None
+        group = PrefixGroup(list(ids[:share]))
+        self.groups.append(group)
+        return group
+
+    def _shorten(self, group: PrefixGroup, n: int) -> None:
+        """Make `group` share only its first `n` tokens: the rest go into its rows' columns, before their
+        own (the buffers grow on the left when one of them has no free columns there)."""
+        cut = len(group.ids) - n
+        members = self._members(group)
+        if members:
+            shift = self._shortening_shift(group, cut)
+            if shift:  # shift every row right by the missing columns
+                self._shift(shift)
+            for layer, (keys, values) in enumerate(group.layers):
+                for slot in members:
+                    start = self.starts[slot]
+                    self.keys[layer][slot, :, start - cut : start] = keys[0, :, n:]
+                    self.values[layer][slot, :, start - cut : start] = values[0, :, n:]
+            for slot in members:
+                self.mask[slot, self.starts[slot] - cut : self.starts[slot]] = 1
+                self.starts[slot] -= cut
+            self._bind()
+        group.ids = group.ids[:n]
+        group.layers = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in group.layers]
+
+    def _members(self, group: PrefixGroup) -> list[int]:
+        return [slot for slot, g in enumerate(self.row_groups) if g is group]
+
+    def _shortening_shift(self, group: PrefixGroup, cut: int) -> int:
+        """Columns every row moves right when `group` hands its last `cut` prefix tokens to its rows'
+        columns (`_shorten`): what its row with the fewest free columns on the left lacks."""
+        return max(0, cut - min((self.starts[slot] for slot in self._members(group)), default=cut))
+
+    def _prefixes(self) -> SharedPrefixes:
+        members: dict[int, tuple[PrefixGroup, list[int]]] = {}
+        for slot, group in enumerate(self.row_groups):
+            if group is not None:
+                members.setdefault(id(group), (group, []))[1].append(slot)
+        return SharedPrefixes([(torch.tensor(slots, device=self.device), group.layers)
+                               for group, slots in members.values()])
+
+    def _compact(self) -> None:
+        """Drop leading columns no live row uses once they are most of the buffer (keeps steps cheap)."""
+        if not self.rows:  # drained: let the buffers go (the next row sizes new ones to what it needs)
+            self.seen, self.starts, self.groups, self.row_groups = 0, [], [], []
+            self._unbind()
+            self.keys, self.values = [], []
+            self.mask = self.mask.new_zeros((0, 0))
+            return
+        cut = min(self.starts)
+        if cut < self.compact_from or cut * 2 < self.seen:
+            return
+        self._shift(-cut)
+
+    def _shift(self, by: int) -> None:
+        """Move every live row's columns `by` to the right (negative: to the left), growing the buffers
+        when needed; the columns left behind are masked (their stale keys/values get no weight)."""
+        if by > 0:
+            self._reserve(self.rows, self.seen + by)
+        source, target = slice(max(-by, 0), self.seen), slice(max(by, 0), self.seen + by)
+        for buf in (*self.keys, *self.values):
+            buf[: self.rows, :, target] = buf[: self.rows, :, source].clone()
+        self.mask[: self.rows, target] = self.mask[: self.rows, source].clone()
+        vacated = slice(0, by) if by > 0 else slice(self.seen + by, self.seen)
+        self.mask[: self.rows, vacated] = 0
+        self.seen += by
+        self.starts = [s + by for s in self.starts]
+
+    def _unbind(self) -> None:
+        for layer in getattr(self.cache, "layers", []):
+            if hasattr(layer, "bind"):
+                layer.keys = layer.values = layer.key_buf = layer.value_buf = None
+
+    def _bind(self) -> None:
+        """Point the cache's layers at the live rows' columns."""
+        layer_type = preallocated_layer()
+        for index, (keys, values) in enumerate(zip(self.keys, self.values)):
+            layer = self.cache.layers[index]
+            if not isinstance(layer, layer_type):
+                layer = self.cache.layers[index] = layer_type()
+            layer.bind(keys, values, self.rows, self.seen)
+
+    def start_alone(self, cache: Any, length: int) -> None:
+        """One row with the library's own cache object (models whose layers are not all plain)."""
+        self.cache = cache
+        self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
+        self.rows, self.seen = 1, length
+
+
+
+@dataclass(eq=False)
+class PrefixGroup:
+    """A prompt prefix some rows of a decode batch start with; its keys/values are held once."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # from its first row placed
+
+
+
+def plain_layers(config: Any) -> bool:
+    """Whether every layer of the model's cache is the library's plain full-attention `DynamicLayer`."""
+    from transformers import DynamicCache
+
+    layers = getattr(DynamicCache(config=config), "layers", None)  # older caches have no layer objects
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+
+@functools.cache
+def preallocated_layer() -> type:
+    """`DynamicLayer` (imported lazily, like the rest of transformers here) over a `DecodeBatch` buffer."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """Keys/values are views of the batch's buffers: `update` writes the new column in place, where
+        the library's layer concatenates (copies the whole cache) on every step."""
+
+        def bind(self, key_buf: torch.Tensor, value_buf: torch.Tensor, rows: int, seen: int) -> None:
+            self.key_buf, self.value_buf, self.live = key_buf, value_buf, rows
+            self.device, self.is_initialized = key_buf.device, True
+            self.keys, self.values = key_buf[:rows, :, :seen], value_buf[:rows, :, :seen]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            seen, new = self.keys.shape[2], key_states.shape[2]  # the batch reserved the columns
+            self.key_buf[: self.live, :, seen : seen + new] = key_states
+            self.value_buf[: self.live, :, seen : seen + new] = value_states
+            return self.key_buf[: self.live, :, : seen + new], self.value_buf[: self.live, :, : seen + new]
+
+    return PreallocatedLayer
+

@@ -1,0 +1,127 @@
+"""The trainable backend: any Hugging Face causal LM behind the three roles, on our own engine.
+
+This module renders each role's chat into the model's prompt text (`prompts.prompt_text`, the one
+renderer), encodes it and hands token ids to `envace_mcp.engine.Engine`, which batches, decodes and
+records the exact completion ids and per-token sampling logprobs. Templates that take `tools=` (Qwen3:
+`<tool_call>` format and the `enable_thinking` switch) render the tools themselves; others get the same
+text protocol written into the messages (`prompts.plain_chat`).
+
+The rehearse role is a fresh chat (EnvACE), so there is no act prefix to reuse across roles; within one
+conversation each act prompt extends the previous one's, which the engine's prefix cache reuses.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from envace_mcp.engine.generation import Engine
+from envace_mcp.engine.model import load_model
+from envace_mcp.engine.types import Completion, Job
+from envace_mcp.policy.base import PromptPolicy
+from envace_mcp.policy.prompts import ChatMessage, prompt_text, template_takes_tools
+from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
+
+
+class TransformersPolicy(PromptPolicy):
+    """Act, rehearse and critique with one transformers model (optionally under a LoRA adapter).
+
+    Args:
+        model, tokenizer: a loaded causal LM and its tokenizer (see `from_pretrained`).
+        enable_thinking: passed to chat templates that have the switch (Qwen3).
+        seed: seeds the per-request RNG used when a request has no seed of its own.
+        max_batch_size, batch_window_s, prefix_cache_tokens, kv_budget_gb: the engine's (see `Engine`).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str | None = None,
+        sampling: SamplingParams | None = None,
+        role_sampling: dict[Role, SamplingParams] | None = None,
+        max_batch_size: int = 16,
+        batch_window_s: float = 0.01,
+        enable_thinking: bool = False,
+        seed: int = 0,
+        prefix_cache_tokens: int = 32768,
+        kv_budget_gb: float | Literal["auto"] | None = "auto",
+    ) -> None:
+        super().__init__(sampling=sampling, role_sampling=role_sampling)
+        self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, batch_window_s=batch_window_s,
+                             prefix_cache_tokens=prefix_cache_tokens, kv_budget_gb=kv_budget_gb)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        self.enable_thinking = enable_thinking
+        self.template_has_tools = template_takes_tools(tokenizer)
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | Path | None = None,
+        *,
+        adapter: str | Path | None = None,
+        dtype: str | torch.dtype = "float32",
+        device: str = "cpu",
+        **kwargs: Any,
+    ) -> TransformersPolicy:
+        """Load a model by Hugging Face id or local folder; `None` loads the embedded default.
+
+        `dtype` defaults to float32 so recorded logprobs match a trainer's recomputation closely;
+        bfloat16 generates about twice as fast on CPUs with AMX.
+        """
+        if model is None:
+            from envace_mcp.policy.embedded import EMBEDDED_NAME
+
+            kwargs.setdefault("name", f"{EMBEDDED_NAME} (embedded)")
+        lm, tokenizer = load_model(model, adapter=adapter, dtype=dtype, device=device)
+        lm.eval()
+        return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
+
+    # ------------------------------------------------------------------ prompts
+
+    def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
+        """The exact prompt text the model sees."""
+        return prompt_text(self.tokenizer, chat, tools, enable_thinking=self.enable_thinking)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def job(self, prompt_ids: list[int], sampling: SamplingParams) -> Job:
+        """An engine job for `prompt_ids`, seeded by the request or by this policy's own seeded RNG."""
+        return Job(prompt_ids, sampling, sampling.seed if sampling.seed is not None else self._rng.randrange(2**63))
+
+    async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> RawCompletion:
+        text = self.render(chat, tools)
+        return _raw(await self.engine.submit(self.job(self.encode(text), sampling)), text)
+
+    # ------------------------------------------------------------------ teacher forcing and scoring
+
+    def force(self, prompt_text: str, completion: str, temperature: float = 1.0, *, score: bool = True) -> RawCompletion:
+        """The completion the model *would* record had it sampled `completion`: exact token ids
+        (completion + end of turn) and the model's own logprobs of them (`score=False`: no forward
+        pass, logprobs None — enough for SFT data). Used to turn reference solutions into training traces."""
+        prompt_ids = self.encode(prompt_text)
+        eos = self.engine.eos_ids
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        end = end if isinstance(end, int) and end in eos else min(eos)
+        completion_ids = self.encode(completion) + [end]
+        logprobs = self.engine.score(prompt_ids, completion_ids, temperature) if score else None
+        return RawCompletion(text=completion, prompt_text=prompt_text, prompt_ids=prompt_ids,
+                             completion_ids=completion_ids, logprobs=logprobs, finish_reason="stop")
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """Logprobs of `completion_ids` after `prompt_ids` from one fresh forward pass (no cache)."""
+        return self.engine.score(prompt_ids, completion_ids, temperature)
+
+
+def _raw(done: Completion, prompt_text: str) -> RawCompletion:
+    return RawCompletion(text=done.text, prompt_text=prompt_text, prompt_ids=done.prompt_ids,
+                         completion_ids=done.completion_ids, logprobs=done.logprobs, finish_reason=done.finish_reason)
