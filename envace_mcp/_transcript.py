@@ -83,8 +83,7 @@ class TerminalApprover:
 
         import anyio
 
-        call = request["call"]
-        self.console.print(f"   [magenta]approval needed:[/] {call['name']}({shorten(call.get('arguments', {}), 200)})")
+        self.console.print(f"   [magenta]approval needed:[/] {request['name']}({shorten(request.get('args', {}), 200)})")
         self.console.print(f"      rehearsed outcome: {_prediction(request.get('rehearsal'))}")
         if self.assume_yes:
             self.console.print("      [green]approved[/] (--yes)")

@@ -35,8 +35,9 @@ async def main() -> None:
     policy = load_policy(role_sampling={"rehearse": SamplingParams(max_new_tokens=48, temperature=0)})
     async with Toolbox({"mcpServers": {"bank": suite.stdio_config(sys.executable)}}) as toolbox:
         episode = Episode(task, "bank")
-        agent = create_agent(model, tools=toolbox.langchain_tools(meta=episode.meta),
-                             middleware=[RehearsalMiddleware(policy)])
+        tools = toolbox.langchain_tools(meta=episode.meta)
+        agent = create_agent(model, tools=tools,
+                             middleware=[RehearsalMiddleware(policy, tools=tools)])
         out = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]})
         verdict = suite.check(task, await episode.final_state(toolbox), out["messages"][-1].content)
     for message in out["messages"]:

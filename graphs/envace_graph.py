@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from envace_mcp.graph import EnvaceContext, create_envace_graph
+from envace_mcp.graph import create_envace_graph
 from envace_mcp.graph.gate import Mode
+from envace_mcp.graph.served import ServedContext as _Served
 
 
 @dataclass
-class ServedContext(EnvaceContext):
-    """EnvaceContext whose services default to the environment."""
+class ServedContext(_Served):
+    """The served context, its services named by the environment by default."""
 
     servers: str | None = field(default_factory=lambda: os.environ.get("ENVACE_SERVERS"))
     model: str | None = field(default_factory=lambda: os.environ.get("ENVACE_MODEL"))

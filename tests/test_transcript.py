@@ -12,8 +12,8 @@ def test_the_terminal_approver_asks_on_a_terminal_and_denies_without_one():
 
     from envace_mcp._transcript import TerminalApprover
 
-    request = {"call": {"name": "transfer", "arguments": {"amount": 9}}, "rehearsal": OK, "reason": "approval required",
-               "question": "Run this call?"}
+    request = {"type": "tool_approval", "tool_call_id": "c1", "name": "transfer", "args": {"amount": 9},
+               "description": "transfer(...)", "rehearsal": OK, "reason": "approval required"}
     shown = io.StringIO()
     console = Console(file=shown, width=200)
     master, slave = os.openpty()  # a real terminal on stdin

@@ -1,52 +1,91 @@
 """`RehearsalMiddleware` for `langchain.agents.create_agent` (needs the optional `langchain` package).
 
-    agent = create_agent(model, tools=toolbox.langchain_tools(), middleware=[RehearsalMiddleware(policy)])
+    agent = create_agent(model, tools=tools, middleware=[RehearsalMiddleware(policy, tools=tools)])
 
 Every tool call the agent makes is rehearsed (per the gate's `rehearse` rule), gated, and only then
 handed to the real tool; calls the gate stops come back as error ToolMessages explaining why, with
-the rehearsed outcome. Records ride on `ToolMessage.additional_kwargs["envace_rehearsal"]`.
+the rehearsed outcome. Records land in the agent's state under `rehearsals` (reducer
+`upsert_records`) and ride on `ToolMessage.additional_kwargs["envace_rehearsal"]`.
+
+With other middleware, list them in this order (`after_model` hooks run last-listed first, tool-call
+wrappers first-listed outermost):
+
+    middleware=[HumanInTheLoopMiddleware(interrupt_on={"transfer": {"allowed_decisions": [...],
+                                                                    "description": rehearsal.describe}}),
+                rehearsal,                         # RehearsalMiddleware(policy, tools=tools)
+                ToolCallLimitMiddleware(...),      # over-limit calls are stopped before they are rehearsed
+                ToolRetryMiddleware(...)]          # retries the real call only, not the rehearsal
+
+so a call is limited, then rehearsed, then shown to the reviewer with its rehearsed outcome; an
+edited call is rehearsed again before it runs. Given `tools`, the middleware rehearses each turn's
+calls right after the model (`after_model`); without, each call is rehearsed when it is about to run.
+The gate's own `require_approval` asks through `approve` or LangGraph's `interrupt()`, in LangChain's
+`ToolApprovalRequest` shape (create_agent runs each call as its own task, so resuming runs no call twice).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import ToolMessage
+from langgraph.types import Command
+from typing_extensions import NotRequired
 
 from envace_mcp.errors import UserError
-from envace_mcp.graph._dropin import rehearse_gate_act, spec_from_tool
+from envace_mcp.graph import calls
+from envace_mcp.graph.dropin import ToolCallRehearsal, _run_sync
 from envace_mcp.graph.gate import GateConfig, Mode
-from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.graph.state import RehearsalRecord, upsert_records
+from envace_mcp.policy.base import Policy
+from envace_mcp.policy.types import ToolCall
 
 try:
-    from langchain.agents.middleware import AgentMiddleware
+    from langchain.agents.middleware import AgentMiddleware, AgentState
 except ImportError as exc:  # pragma: no cover - depends on the optional extra
     raise UserError("RehearsalMiddleware needs `langchain` (pip install 'envace-mcp[langchain]')") from exc
+
+
+class RehearsalState(AgentState):
+    """The agent's state plus rehearsal memory."""
+
+    rehearsals: NotRequired[Annotated[list[RehearsalRecord], upsert_records]]
 
 
 class RehearsalMiddleware(AgentMiddleware):
     """Rehearse and gate each tool call of a `create_agent` agent."""
 
-    def __init__(self, policy: Any, *, gate: GateConfig | None = None, mode: Mode = "real",
-                 instructions: str | None = None) -> None:
+    state_schema = RehearsalState
+
+    def __init__(self, policy: Policy, *, tools: list[Any] | None = None, gate: GateConfig | None = None,
+                 mode: Mode = "real", approve: Callable[[calls.ApprovalRequest], Any] | None = None) -> None:
         super().__init__()
-        self.policy = policy
-        self.gate = gate or GateConfig()
-        self.mode: Mode = mode
-        self.instructions = instructions
+        self.core = ToolCallRehearsal(policy, gate=gate, mode=mode, tools=tools, approve=approve,
+                                      record_key="rehearsals")
+        self.prerehearse = tools is not None
 
-    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Any:
-        tool = request.tool
-        specs = [spec_from_tool(tool)] if tool is not None else []
-        context = EnvaceContext(policy=self.policy, tools=specs, gate=self.gate, mode=self.mode,
-                                instructions=self.instructions)
-        call = request.tool_call
-        messages = list(request.state.get("messages", [])) if isinstance(request.state, dict) else []
-        ai = AIMessage(content="", tool_calls=[call])
+    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        if not self.prerehearse:
+            return None
+        records = await self.core.rehearse_turn(state, runtime)
+        return {"rehearsals": records} if records else None
 
-        async def execute(_: dict[str, Any]) -> Any:
-            return await handler(request)
+    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        if not self.prerehearse:
+            return None
+        records = _run_sync(self.core.rehearse_turn(state, runtime))
+        return {"rehearsals": records} if records else None
 
-        replies, _ = await rehearse_gate_act(context, messages[:-1] if messages else [], ai, execute=execute)
-        return replies[0]
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
+        return await self.core.awrap(request, handler)
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
+        return self.core.wrap(request, handler)
+
+    def describe(self, tool_call: dict[str, Any], state: Any, runtime: Any = None) -> str:
+        """A `HumanInTheLoopMiddleware` description (`InterruptOnConfig["description"]`): the call and
+        its rehearsed outcome, from this turn's rehearsal."""
+        record = next((r for r in (state.get("rehearsals") or []) if r.get("call_id") == tool_call["id"]), {})
+        call = ToolCall(id=tool_call["id"], name=tool_call["name"], arguments=tool_call["args"])
+        p = calls.Proposal.from_record(call, self.core.specs.get(call.name), {"prediction": record.get("prediction")})
+        return "Tool execution requires approval\n" + calls.describe(p)

@@ -1,4 +1,4 @@
-"""`RehearsingToolNode`: a drop-in for LangGraph's `ToolNode` that rehearses and gates each call.
+"""`RehearsingToolNode`: LangGraph's `ToolNode`, with each call rehearsed and gated before it runs.
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", call_model)
@@ -6,38 +6,48 @@
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
 
-Each ToolMessage carries its rehearsal record (prediction, gate decision and reason, real result,
-match score) in `additional_kwargs["envace_rehearsal"]`; with `record_key="rehearsals"` and a state
-channel of that name (reducer `envace_mcp.graph.state.upsert_records`) the records also land in state.
+It is a `ToolNode` (`handle_tool_errors`, `messages_key`, tool-runtime injection as usual) whose
+`wrap_tool_call` / `awrap_tool_call` run the rehearse → gate core. Each ToolMessage carries its
+rehearsal record (prediction, gate decision and reason, real result, match score) in
+`additional_kwargs["envace_rehearsal"]`; with `record_key="rehearsals"` and a state channel of that
+name (reducer `envace_mcp.graph.state.upsert_records`) the records also land in state.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from envace_mcp.graph._dropin import rehearse_gate_act
+from langgraph.prebuilt import ToolNode
+
+from envace_mcp.errors import UserError
+from envace_mcp.graph.dropin import ToolCallRehearsal
 from envace_mcp.graph.gate import GateConfig, Mode
-from envace_mcp.graph.nodes._common import last_ai
-from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.policy.base import Policy
 
 
-class RehearsingToolNode:
-    """Rehearse → gate → execute the last AI message's tool calls against an MCP toolbox."""
+class RehearsingToolNode(ToolNode):
+    """Rehearse → gate → run each tool call of the last AI message.
 
-    def __init__(self, toolbox: Any, policy: Any, *, gate: GateConfig | None = None, mode: Mode = "real",
-                 tools: list[Any] | None = None, record_key: str | None = None, name: str = "tools") -> None:
-        self.context = EnvaceContext(policy=policy, toolbox=toolbox, tools=tools, gate=gate or GateConfig(), mode=mode)
-        self.record_key = record_key
-        self.name = name
+    Args:
+        tools: LangChain tools, or a `Toolbox` / `ToolboxScope` (its `langchain_tools()`).
+        policy: the policy whose rehearse role predicts each call's outcome.
+        approve: answers the gate's `ask` decisions (`require_approval`, `approve_blocked`). Required for
+            them: a tool node runs all of a turn's calls in one task, so pausing with `interrupt()` would
+            run the calls that already ran again on resume.
+        **kwargs: `ToolNode`'s own (`handle_tool_errors`, `messages_key`, `name`, `tags`).
+    """
 
-    async def __call__(self, state: Any) -> dict[str, Any]:
-        messages = state["messages"] if isinstance(state, dict) else state.messages
-        ai = last_ai(messages)
-        if ai is None or not ai.tool_calls:
-            return {"messages": []}
-        history = state.get(self.record_key, []) if self.record_key and isinstance(state, dict) else []
-        replies, records = await rehearse_gate_act(self.context, list(messages[:-1]), ai, history)
-        update: dict[str, Any] = {"messages": replies}
-        if self.record_key:
-            update[self.record_key] = records
-        return update
+    def __init__(self, tools: Any, policy: Policy, *, gate: GateConfig | None = None, mode: Mode = "real",
+                 approve: Any = None, record_key: str | None = None, **kwargs: Any) -> None:
+        gate = gate or GateConfig()
+        if approve is None and (gate.require_approval != "never" or gate.approve_blocked):
+            raise UserError("RehearsingToolNode asks for approvals through `approve=` (a callable): a tool node "
+                            "runs all of a turn's calls in one task, so an interrupt() would re-run the calls that "
+                            "already ran on resume; create_agent with RehearsalMiddleware, or the EnvACE graph, "
+                            "pause per call")
+        if hasattr(tools, "langchain_tools"):
+            tools = tools.langchain_tools()
+        tools = list(tools)
+        self.rehearsal = ToolCallRehearsal(policy, gate=gate, mode=mode, tools=tools, approve=approve,
+                                           record_key=record_key, messages_key=kwargs.get("messages_key", "messages"))
+        super().__init__(tools, wrap_tool_call=self.rehearsal.wrap, awrap_tool_call=self.rehearsal.awrap, **kwargs)

@@ -4,6 +4,7 @@ The only package of envace-mcp that imports `mcp`.
 """
 
 from envace_mcp.toolbox._connection import ServerStartError
+from envace_mcp.toolbox.backend import ToolBackend
 from envace_mcp.toolbox.catalog import ToolAnnotations, ToolCatalog, ToolSpec
 from envace_mcp.toolbox.config import HttpServer, InProcessServer, ServerSpec, StdioServer, load_servers
 from envace_mcp.toolbox.result import ErrorKind, ToolResult
@@ -11,6 +12,7 @@ from envace_mcp.toolbox.toolbox import DEFAULT_TIMEOUT_S, Toolbox, ToolboxScope,
 
 __all__ = [
     # the toolbox
+    "ToolBackend",
     "Toolbox",
     "ToolboxScope",
     "blocking_toolbox",

@@ -11,16 +11,13 @@ Differences from a plain `StructuredTool` that matter to MCP users:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict
 
 from envace_mcp.toolbox.result import ToolResult
-
-if TYPE_CHECKING:
-    from envace_mcp.toolbox.toolbox import ToolboxScope
 
 _ARGS = "__envace_arguments"
 _CALL_ID = "__envace_tool_call_id"
@@ -32,7 +29,7 @@ class MCPTool(BaseTool):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     scope: Any
-    """The `ToolboxScope` calls go through."""
+    """The `ToolboxScope` (or any `ToolBackend` with `call_sync`) calls go through."""
 
     def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> tuple[tuple, dict]:
         # Pack the model's arguments into one private kwarg so no name of theirs can collide with
@@ -61,7 +58,7 @@ def _reply(name: str, result: ToolResult, tool_call_id: str | None) -> Any:
     )
 
 
-def to_langchain_tools(scope: ToolboxScope) -> list[MCPTool]:
+def to_langchain_tools(scope: Any) -> list[MCPTool]:
     """One `MCPTool` per catalog entry; the JSON input schema is passed through untouched."""
     return [
         MCPTool(

@@ -463,6 +463,12 @@ class ToolboxScope:
     async def read_resource(self, server: str, uri: str) -> str:
         return await self.toolbox.read_resource(server, uri, meta=self.meta or None)
 
+    def langchain_tools(self) -> list[Any]:
+        """This scope's catalog as LangChain tools (sync and async), for any existing agent."""
+        from envace_mcp.toolbox.langchain import to_langchain_tools
+
+        return to_langchain_tools(self)
+
 
 @contextmanager
 def blocking_toolbox(servers: str | Path | Mapping[str, Any], **kwargs: Any) -> Iterator[Toolbox]:

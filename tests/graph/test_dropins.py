@@ -85,3 +85,206 @@ async def test_create_agent_middleware_rehearses_and_gates_each_call(bank):
     assert record["decision"] == "execute" and record["prediction"] is None and record["real"]["is_error"] is False
     assert replies["transfer"].status == "error" and "below the $500 minimum" in replies["transfer"].content
     assert final["accounts"][savings]["balance"] == task.initial_state["accounts"][savings]["balance"]
+
+
+def ok(transfer):
+    """A rehearsal predicting the transfer succeeds (all of its output schema's fields)."""
+    import json
+
+    body = {"transfer_id": "T-1", **transfer, "from_balance": 0, "to_balance": 0}
+    return f"<execution_result>{json.dumps(body)}</execution_result>"
+
+
+def small_transfer(task, amount=1.0):
+    me = task.initial_state["customer_id"]
+    mine = {a["type"]: a["id"] for a in task.initial_state["accounts"].values() if a["owner"] == me}
+    return mine, {"from_account_id": mine["checking"], "to_account_id": mine["savings"], "amount": amount}
+
+
+async def test_the_rehearsing_tool_node_is_a_tool_node_with_its_options_and_tool_runtime_injection(bank):
+    from langchain_core.tools import tool
+    from langchain.tools import ToolRuntime
+    from langgraph.prebuilt import ToolNode
+    from typing_extensions import Annotated, TypedDict
+    from langgraph.graph.message import add_messages
+
+    from envace_mcp.graph.state import upsert_records
+
+    suite, task = bank
+    savings, calls = scenario(task)
+    seen = {}
+
+    @tool
+    def whoami(runtime: ToolRuntime) -> str:
+        """Who the agent works for (reads the graph state through the injected tool runtime)."""
+        seen["state_keys"] = sorted(runtime.state)
+        return "customer " + task.initial_state["customer_id"]
+
+    @tool
+    def flaky(x: int) -> str:
+        """Always fails."""
+        raise ValueError("flaky is down")
+
+    for read in (whoami, flaky):  # MCP's defaults would take a tool without annotations for a destructive one
+        read.metadata = {"annotations": {"read_only": True}}
+
+    class State(TypedDict):
+        chat: Annotated[list, add_messages]
+        rehearsals: Annotated[list, upsert_records]
+
+    model = ToolCallingFake(messages=iter([ai_calls(("whoami", {}), ("flaky", {"x": 1}), *calls),
+                                           AIMessage(content="done")]))
+    policy = ScriptedPolicy(rehearse=[FAILS])
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        node = RehearsingToolNode([*toolbox.langchain_tools(meta=episode.meta), whoami, flaky], policy,
+                                  record_key="rehearsals", messages_key="chat", handle_tool_errors=True)
+        assert isinstance(node, ToolNode)
+
+        async def call_model(state: State):
+            return {"chat": [await model.ainvoke(state["chat"])]}
+
+        builder = StateGraph(State)
+        builder.add_node("agent", call_model)
+        builder.add_node("tools", node)
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", lambda s: "tools" if s["chat"][-1].tool_calls else "__end__")
+        builder.add_edge("tools", "agent")
+        out = await builder.compile().ainvoke({"chat": [HumanMessage(content=task.instruction)], "rehearsals": []})
+    policy.assert_complete()
+    replies = {m.name: m for m in out["chat"] if isinstance(m, ToolMessage)}
+    assert replies["whoami"].content.startswith("customer ") and "chat" in seen["state_keys"]
+    assert replies["flaky"].status == "error" and "flaky is down" in replies["flaky"].content  # handle_tool_errors
+    assert "Not executed (block)" in replies["transfer"].content
+    decisions = {r["tool"]: r["decision"] for r in out["rehearsals"]}
+    assert decisions == {"whoami": "execute", "flaky": "execute", "get_balance": "execute", "transfer": "block"}
+    assert next(r for r in out["rehearsals"] if r["tool"] == "get_balance")["real"]["is_error"] is False
+
+
+def test_a_rehearsing_tool_node_refuses_approvals_it_cannot_pause_for_safely():
+    from envace_mcp.errors import UserError
+    from envace_mcp.graph import GateConfig
+
+    with pytest.raises(UserError, match="approve="):
+        RehearsingToolNode([], ScriptedPolicy(), gate=GateConfig(require_approval="destructive"))
+    RehearsingToolNode([], ScriptedPolicy(), gate=GateConfig(require_approval="destructive"), approve=lambda r: True)
+
+
+async def hitl_agent(toolbox, episode, policy, replies, checkpointer):
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+
+    tools = toolbox.langchain_tools(meta=episode.meta)
+    rehearsal = RehearsalMiddleware(policy, tools=tools)
+    review = HumanInTheLoopMiddleware(interrupt_on={"transfer": {"allowed_decisions": ["approve", "edit", "reject"],
+                                                                 "description": rehearsal.describe}})
+    model = ToolCallingFake(messages=iter(replies))
+    return create_agent(model, tools=tools, middleware=[review, rehearsal], checkpointer=checkpointer)
+
+
+@pytest.mark.parametrize("answer", ["approve", "edit", "reject"])
+async def test_create_agent_with_human_in_the_loop_shows_the_rehearsed_outcome_and_takes_each_decision(bank, answer):
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    suite, task = bank
+    mine, transfer = small_transfer(task)
+    policy = ScriptedPolicy(rehearse=[ok(transfer)] + ([ok({**transfer, "amount": 2.0})] if answer == "edit" else []))  # an edited call is rehearsed again
+    episode = Episode(task, "bank")
+    start = task.initial_state["accounts"][mine["checking"]]["balance"]
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        agent = await hitl_agent(toolbox, episode, policy, [ai_calls(("transfer", transfer)), AIMessage(content="ok")],
+                                 InMemorySaver())
+        config = {"configurable": {"thread_id": answer}}
+        paused = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config)
+        (request,) = paused["__interrupt__"][0].value["action_requests"]
+        assert "Rehearsed outcome: succeeds" in request["description"] and '"T-1"' in request["description"]
+        decision = {"approve": {"type": "approve"}, "reject": {"type": "reject", "message": "not today"},
+                    "edit": {"type": "edit", "edited_action": {"name": "transfer", "args": {**transfer, "amount": 2.0}}}}[answer]
+        out = await agent.ainvoke(Command(resume={"decisions": [decision]}), config)
+        final = await episode.final_state(toolbox)
+    policy.assert_complete()
+    moved = round(start - final["accounts"][mine["checking"]]["balance"], 2)
+    assert moved == {"approve": 1.0, "edit": 2.0, "reject": 0.0}[answer]
+    records = {r["call_id"]: r for r in out.get("rehearsals", [])}
+    assert records["c0"]["prediction"]["status"] == "result"
+    if answer != "reject":
+        assert records["c0"]["real"]["is_error"] is False and records["c0"]["arguments"]["amount"] == moved
+
+
+async def test_the_gates_own_approvals_pause_per_call_in_create_agent_and_resuming_runs_nothing_twice(bank):
+    from langchain.agents import create_agent
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+    from probe_server import build as build_probe
+
+    suite, task = bank
+    mine, transfer = small_transfer(task)
+    probe = build_probe()
+    policy = ScriptedPolicy(rehearse=[ok(transfer)])
+    episode = Episode(task, "bank")
+    start = task.initial_state["accounts"][mine["checking"]]["balance"]
+    async with Toolbox({"bank": suite.build_server(), "probe": probe}) as toolbox:
+        tools = toolbox.langchain_tools(meta=episode.meta)
+        model = ToolCallingFake(messages=iter([ai_calls(("echo", {"text": "hi"}), ("transfer", transfer)),
+                                               AIMessage(content="ok")]))
+        agent = create_agent(model, tools=tools, checkpointer=InMemorySaver(),
+                             middleware=[RehearsalMiddleware(policy, tools=tools, gate=GateConfig(require_approval="destructive"))])
+        config = {"configurable": {"thread_id": "t"}}
+        paused = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config)
+        (pause,) = paused["__interrupt__"]
+        assert pause.value["type"] == "tool_approval" and pause.value["name"] == "transfer"
+        assert pause.value["rehearsal"]["status"] == "result" and "Rehearsed outcome: succeeds" in pause.value["description"]
+        out = await agent.ainvoke(Command(resume={"type": "approve"}), config)
+        final = await episode.final_state(toolbox)
+    policy.assert_complete()  # one rehearsal: resuming did not rehearse again
+    assert len(probe.calls) == 1  # the read ran once
+    assert round(start - final["accounts"][mine["checking"]]["balance"], 2) == 1.0
+    record = next(r for r in out["rehearsals"] if r["tool"] == "transfer")
+    assert record["decision"] == "ask" and record["approved"] is True and record["real"]["is_error"] is False
+
+
+def test_sync_create_agent_with_limit_and_retry_middleware_in_the_documented_order(bank):
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ToolCallLimitMiddleware, ToolRetryMiddleware
+    from langchain_core.tools import tool
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.toolbox import blocking_toolbox
+
+    suite, task = bank
+    savings, calls = scenario(task)
+    attempts = []
+
+    @tool
+    def lookup(q: str) -> str:
+        """A read that fails once, then works."""
+        attempts.append(q)
+        if len(attempts) == 1:
+            raise ConnectionError("try again")
+        return "found " + q
+
+    lookup.metadata = {"annotations": {"read_only": True}}
+    episode = Episode(task, "bank")
+    policy = ScriptedPolicy(rehearse=[FAILS])  # the transfer only: lookup is read-only, the limited call never rehearsed
+    with blocking_toolbox({"bank": suite.build_server()}) as toolbox:
+        tools = [*toolbox.langchain_tools(meta=episode.meta), lookup]
+        model = ToolCallingFake(messages=iter([ai_calls(("lookup", {"q": "x"}), calls[1], ("lookup", {"q": "y"})),
+                                               AIMessage(content="done")]))
+        agent = create_agent(model, tools=tools, middleware=[
+            RehearsalMiddleware(policy, tools=tools),
+            ToolCallLimitMiddleware(tool_name="lookup", run_limit=1),
+            ToolRetryMiddleware(max_retries=2, initial_delay=0.0, jitter=False, retry_on=(ConnectionError,))])
+        out = agent.invoke({"messages": [HumanMessage(content=task.instruction)]})
+    policy.assert_complete()
+    replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    by_id = {m.tool_call_id: m for m in replies}
+    assert by_id["c0"].content == "found x" and attempts == ["x", "x"]  # retried inside, rehearsed never (a read)
+    assert "Not executed (block)" in by_id["c1"].content  # rehearsed and gated, in a sync agent
+    assert by_id["c2"].status == "error" and attempts == ["x", "x"]  # over the limit: never ran, never rehearsed
+    assert {r["tool"] for r in out["rehearsals"] if r.get("prediction")} == {"transfer"}

@@ -128,9 +128,9 @@ async def test_approvals_for_two_parallel_calls_are_both_shown_and_resuming_runs
         paused = await graph.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config, context=context)
         interrupts = paused["__interrupt__"]
         assert len(interrupts) == 2
-        shown = sorted(i.value["call"]["arguments"]["amount"] for i in interrupts)
+        shown = sorted(i.value["args"]["amount"] for i in interrupts)
         assert shown == [10, 20] and all(i.value["rehearsal"]["status"] == "result" for i in interrupts)
-        answers = {i.id: i.value["call"]["arguments"]["amount"] == 10 for i in interrupts}
+        answers = {i.id: i.value["args"]["amount"] == 10 for i in interrupts}
         out = await graph.ainvoke(Command(resume=answers), config, context=context)
         final = await episode.final_state(toolbox)
     policy.assert_complete()  # two rehearsals only: resuming did not rehearse again
@@ -152,7 +152,7 @@ async def test_an_approver_in_the_context_answers_asks_inside_the_run_without_a_
 
     async def approve(request):
         asked.append(request)
-        return request["call"]["arguments"]["amount"] == 10
+        return request["args"]["amount"] == 10
 
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
@@ -160,7 +160,7 @@ async def test_an_approver_in_the_context_answers_asks_inside_the_run_without_a_
                         gate=GateConfig(require_approval="destructive"))
         final = await episode.final_state(toolbox)
     policy.assert_complete()
-    assert sorted(r["call"]["arguments"]["amount"] for r in asked) == [10, 20]
+    assert sorted(r["args"]["amount"] for r in asked) == [10, 20]
     assert all(r["rehearsal"]["status"] == "result" and "approval required" in r["reason"] for r in asked)
     start = task.initial_state["accounts"][a["checking"]]["balance"]
     assert round(start - final["accounts"][a["checking"]]["balance"], 2) == 10.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.graph.state import close_shared
+from envace_mcp.graph.served import close_shared
 from envace_mcp.testing import ScriptedPolicy
 from helpers import PROBE, children_of, wait_until
 

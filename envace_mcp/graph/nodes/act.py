@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import inspect
-import json
 from typing import Any
 
-from langchain_core.messages import ToolMessage
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
-from envace_mcp.graph.state import ApprovalRequest, EnvaceContext, RehearsalRecord
-from envace_mcp.policy.fidelity import compare
-from envace_mcp.policy.types import Prediction
+from envace_mcp.graph import calls
+from envace_mcp.graph.calls import Proposal, RehearsalRecord
+from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.policy.types import ToolCall
 
 
 class ActInput(TypedDict):
@@ -22,65 +21,48 @@ class ActInput(TypedDict):
     record: RehearsalRecord
 
 
-def approved(answer: Any) -> bool:
-    """What counts as a yes when resuming an approval interrupt."""
-    if isinstance(answer, dict):
-        return bool(answer.get("approved"))
-    if isinstance(answer, str):
-        return answer.strip().lower() in {"y", "yes", "approve", "approved", "ok"}
-    return answer is True
-
-
-def _message(call: dict[str, Any], content: str, status: str, artifact: Any = None) -> ToolMessage:
-    return ToolMessage(content=content, tool_call_id=call["id"], name=call["name"], status=status, artifact=artifact)
-
-
-def simulated_reply(call: dict[str, Any], prediction: Prediction | None) -> ToolMessage:
-    """The rehearsal standing in for the tool (simulated and mixed modes)."""
-    if prediction is None:
-        return _message(call, "Error: no rehearsal was available to simulate this call (rehearsal budget spent)", "error")
-    if prediction.status == "result":
-        return _message(call, json.dumps(prediction.result, ensure_ascii=False), "success", prediction.model_dump())
-    if prediction.status == "tool_error":
-        return _message(call, json.dumps(prediction.result or {"error_tool_call": {"code": prediction.code}},
-                                         ensure_ascii=False), "error", prediction.model_dump())
-    return _message(call, f"Error: the simulated tool failed ({prediction.code}: {prediction.message})", "error",
-                    prediction.model_dump())
-
-
 async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = await runtime.context.aensure()
-    call, record = payload["call"], payload["record"]
-    prediction = Prediction(**record["prediction"]) if record.get("prediction") else None
-    decision = record.get("decision", "execute")
-    update: RehearsalRecord = {"call_id": call["id"]}
+    ctx = await runtime.context.prepare()
+    raw = payload["call"]
+    call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["args"])
+    p = Proposal.from_record(call, ctx.spec(call.name), payload["record"])
+    decision = p.decision.action if p.decision else "execute"
+    update: RehearsalRecord = {"call_id": call.id}
     if decision == "ask":
-        request: ApprovalRequest = {"call": {"name": call["name"], "arguments": call["args"]},
-                                    "rehearsal": record.get("prediction"), "reason": record.get("reason"),
-                                    "question": "Run this call? Resume with True/'yes' or False/'no'."}
-        if ctx.approve is not None:
-            answer = ctx.approve(request)
-            if inspect.isawaitable(answer):
-                answer = await answer
-        else:
-            answer = interrupt(request)
-        update["approved"] = approved(answer)
-        if not update["approved"]:
+        approval = calls.read_approval(await ask(ctx, calls.approval_request(p)), call)
+        update["approved"] = approval.approved
+        if not approval.approved:
             update["decision"] = "rejected_by_human"
-            return {"messages": [_message(call, "Not executed: a human rejected this call.", "error")],
-                    "rehearsals": [update]}
+            return {"messages": [calls.rejected(call, approval)], "rehearsals": [update]}
+        if approval.edited is not None:
+            return await _edited(ctx, p, approval.edited, update)
         decision = "execute"
     if decision == "execute":
-        result = await ctx.toolbox.call(call["name"], call["args"])
-        update["real"] = result.model_dump(mode="json")
-        if prediction is not None:
-            match = compare(prediction, result)
-            update["match"], update["mismatches"] = match.score, match.mismatches
-        return {"messages": [_message(call, result.text, "error" if result.is_error else "success", result)],
+        result = await ctx.toolbox.call(call.name, call.arguments)
+        update.update(calls.observed(p, result))
+        return {"messages": [calls.reply(call, result.text, "error" if result.is_error else "success", result)],
                 "rehearsals": [update], "real_calls": 1}
     if decision == "simulate":
-        return {"messages": [simulated_reply(call, prediction)]}
-    outcome = ""
-    if prediction is not None and prediction.status != "invalid":
-        outcome = f" Rehearsed outcome: {json.dumps(prediction.result, ensure_ascii=False)[:400]}"
-    return {"messages": [_message(call, f"Not executed ({decision}): {record.get('reason', '')}.{outcome}", "error")]}
+        return {"messages": [calls.simulated_reply(call, p.prediction)]}
+    return {"messages": [calls.refusal(p)]}
+
+
+async def ask(ctx: EnvaceContext, request: calls.ApprovalRequest) -> Any:
+    """The context's approver answers inside the run; without one, LangGraph's `interrupt()` pauses it."""
+    if ctx.approve is None:
+        return interrupt(request)
+    answer = ctx.approve(request)
+    return await answer if inspect.isawaitable(answer) else answer
+
+
+async def _edited(ctx: EnvaceContext, p: Proposal, edited: ToolCall, update: RehearsalRecord) -> dict[str, Any]:
+    """A human's edit runs instead of the proposed call, after the same argument checks."""
+    update["edited"] = {"name": edited.name, "args": edited.arguments}
+    check = calls.gate([Proposal(edited, ctx.spec(edited.name))], mode=ctx.mode, config=ctx.gate)[0]
+    if check.decision is not None and check.decision.action == "reject":
+        update["decision"] = "reject"
+        return {"messages": [calls.refusal(check)], "rehearsals": [update]}
+    result = await ctx.toolbox.call(edited.name, edited.arguments)
+    update["real"] = result.model_dump(mode="json")  # no match score: the rehearsal was of another call
+    return {"messages": [calls.reply(p.call, result.text, "error" if result.is_error else "success", result)],
+            "rehearsals": [update], "real_calls": 1}

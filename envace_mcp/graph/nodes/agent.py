@@ -10,7 +10,6 @@ from langgraph.runtime import Runtime
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.nodes._common import emit, split_task
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
-from envace_mcp.policy.prompts import tool_call_text
 from envace_mcp.policy.types import ActRequest
 
 FORMAT_REMINDER = (
@@ -20,7 +19,7 @@ FORMAT_REMINDER = (
 
 
 async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = await runtime.context.aensure()
+    ctx = await runtime.context.prepare()
     if state.get("steps", 0) >= ctx.gate.max_steps:
         return {"status": "max_steps", "final_answer": None}
     task, conversation = split_task(state["messages"], state.get("task"))
@@ -46,8 +45,3 @@ async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str
         return update
     return {**update, "final_answer": text, "status": "finished"}
 
-
-def raw_act_message(message: AIMessage) -> str:
-    """The act turn as the model wrote it (for the rehearse role's prompt)."""
-    parts = [str(message.content or "")] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
-    return "\n".join(p for p in parts if p)

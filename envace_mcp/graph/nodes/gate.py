@@ -7,27 +7,21 @@ from typing import Any
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from envace_mcp.graph.gate import decide
+from envace_mcp.graph import calls
 from envace_mcp.graph.nodes._common import last_ai
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
-from envace_mcp.policy.types import Prediction, ToolCall
 
 
 def gate(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    ctx = runtime.context.ensure()
+    ctx = runtime.context
     message = last_ai(state["messages"])
     assert message is not None
+    specs = {s.name: s for s in ctx.catalog()}
     records = {r["call_id"]: r for r in state.get("rehearsals", [])}
-    planned = 0
-    decisions = []
-    for raw in message.tool_calls:
-        record = records.get(raw["id"], {})
-        prediction = Prediction(**record["prediction"]) if record.get("prediction") else None
-        decision = decide(ToolCall(id=raw["id"], name=raw["name"], arguments=raw["args"]), ctx.spec(raw["name"]),
-                          prediction, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0) + planned)
-        planned += decision.action in ("execute", "ask")
-        decisions.append({"call_id": raw["id"], "decision": decision.action, "reason": decision.reason})
-    return {"rehearsals": decisions}
+    proposed = [calls.Proposal.from_record(c, specs.get(c.name), records.get(c.id, {})) for c in calls.tool_calls(message)]
+    decided = calls.gate(proposed, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0))
+    return {"rehearsals": [{"call_id": p.call.id, "decision": p.decision.action, "reason": p.decision.reason}
+                           for p in decided if p.decision is not None]}
 
 
 def route_calls(state: EnvaceState) -> list[Send]:
@@ -40,10 +34,9 @@ def route_calls(state: EnvaceState) -> list[Send]:
 # The graph's own nodes and routers are coroutines: LangGraph runs a plain function of an async graph
 # in a worker thread, which cost a thread hop per step (benchmarks/graph_overhead.py).
 async def gate_node(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
-    await runtime.context.aensure()
+    await runtime.context.prepare()
     return gate(state, runtime)
 
 
 async def route_calls_async(state: EnvaceState) -> list[Send]:
     return route_calls(state)
-

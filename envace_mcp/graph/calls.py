@@ -1,0 +1,267 @@
+"""The rehearse → gate core, on typed calls: what the graph's nodes and the drop-ins all run.
+
+A proposed call is read from the AI message once (`proposals`), into a `Proposal` that carries its
+`ToolCall`, its catalog entry, its `Prediction` and the gate's `Decision` on its way through
+rehearse → gate → act. Graph state keeps the JSON form (`Proposal.record`, a `RehearsalRecord`) for
+checkpointers; `Proposal.from_record` reads it back.
+
+Approvals use LangChain's human-in-the-loop shapes, so LangGraph Studio and Agent Inbox-style UIs
+render them: the request is a `ToolApprovalRequest` (`type: "tool_approval"`, the call, a description
+with the rehearsed outcome) and the answer a decision (`{"type": "approve"}`, `{"type": "reject",
+"message": ...}`, `{"type": "edit", "edited_action": {"name": ..., "args": ...}}`); `True` / `"yes"`
+still mean approve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from typing_extensions import NotRequired, TypedDict
+
+from envace_mcp.graph.gate import Decision, GateConfig, Mode, decide, should_rehearse
+from envace_mcp.policy.base import Policy
+from envace_mcp.policy.fidelity import compare
+from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.types import Example, Generation, Prediction, RehearseRequest, SamplingParams, ToolCall
+from envace_mcp.toolbox import ToolResult, ToolSpec
+
+
+class RehearsalRecord(TypedDict, total=False):
+    """Everything known about one proposed call (graph state's JSON form of a `Proposal`)."""
+
+    call_id: str
+    step: int
+    tool: str
+    arguments: Any
+    prediction: dict[str, Any] | None
+    """`Prediction.model_dump()`; `None` when the call was not rehearsed."""
+    decision: str
+    reason: str
+    real: dict[str, Any] | None
+    """`ToolResult.model_dump()` when the call ran on a real server."""
+    match: float | None
+    """Prediction-vs-reality score in [0, 1] when both exist (`policy.fidelity.compare`)."""
+    mismatches: list[str]
+    approved: bool | None
+    edited: dict[str, Any]
+    """The call a human's edit ran instead (`{"name": ..., "args": ...}`)."""
+
+
+class ApprovalRequest(TypedDict):
+    """What a human (or `EnvaceContext.approve`) is shown for a call the gate wants approved: LangChain's
+    `ToolApprovalRequest` (one call per request) plus the rehearsal it was gated on."""
+
+    type: Literal["tool_approval"]
+    tool_call_id: str
+    name: str
+    args: Any
+    description: str
+    """The reason and the rehearsed outcome, for the reviewer to read."""
+    rehearsal: NotRequired[dict[str, Any] | None]
+    """The rehearsed outcome (`Prediction.model_dump()`), `None` when not rehearsed."""
+    reason: NotRequired[str | None]
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A human's answer to an `ApprovalRequest`."""
+
+    approved: bool
+    message: str | None = None
+    """A rejection's reason, for the agent."""
+    edited: ToolCall | None = None
+    """The call to run instead (an `edit` decision)."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposed call on its way through rehearse → gate → act."""
+
+    call: ToolCall
+    spec: ToolSpec | None
+    prediction: Prediction | None = None
+    decision: Decision | None = None
+
+    @classmethod
+    def from_record(cls, call: ToolCall, spec: ToolSpec | None, record: Mapping[str, Any]) -> Proposal:
+        prediction = record.get("prediction")
+        decision = Decision(record["decision"], record.get("reason", "")) if record.get("decision") else None  # type: ignore[arg-type]
+        return cls(call, spec, Prediction.model_validate(prediction) if prediction else None, decision)
+
+    def record(self, step: int | None = None) -> RehearsalRecord:
+        out: RehearsalRecord = {"call_id": self.call.id, "tool": self.call.name, "arguments": self.call.arguments,
+                                "prediction": self.prediction.model_dump(mode="json") if self.prediction else None}
+        if step is not None:
+            out["step"] = step
+        if self.decision is not None:
+            out["decision"], out["reason"] = self.decision.action, self.decision.reason
+        return out
+
+
+def tool_calls(message: AIMessage) -> list[ToolCall]:
+    """The message's calls, typed (the one place they are read from LangChain's dicts)."""
+    return [ToolCall(id=c["id"] or "", name=c["name"], arguments=c["args"]) for c in message.tool_calls]
+
+
+def proposals(message: AIMessage, specs: Mapping[str, ToolSpec]) -> list[Proposal]:
+    return [Proposal(call, specs.get(call.name)) for call in tool_calls(message)]
+
+
+def raw_act_message(message: AIMessage) -> str:
+    """The act turn as the model wrote it (for the rehearse role's prompt)."""
+    parts = [str(message.content or "")] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
+    return "\n".join(p for p in parts if p)
+
+
+def examples_from(records: list[RehearsalRecord], limit: int = 6) -> list[Example]:
+    """Real calls made earlier in this run, as few-shot examples for the simulator (EnvACE)."""
+    out = []
+    for record in records:
+        real = record.get("real")
+        if real is not None and not real.get("is_error"):
+            text = "".join(b.get("text", "") for b in real.get("content", []) if b.get("type") == "text")
+            out.append(Example(tool=record["tool"], arguments=record.get("arguments"), result=text))
+    return out[-limit:]
+
+
+async def rehearse(
+    items: list[Proposal],
+    *,
+    policy: Policy,
+    catalog: list[ToolSpec],
+    history: list[AnyMessage],
+    act_message: str,
+    mode: Mode,
+    config: GateConfig,
+    examples: list[Example] | None = None,
+    sampling: SamplingParams | None = None,
+    budget: int | None = None,
+) -> tuple[list[Proposal], list[Generation[Prediction] | None]]:
+    """Predict the outcome of every call the gate's rule rehearses, concurrently (a batching backend
+    generates them together), at most `budget` of them. Returns the proposals with their predictions
+    and each one's generation (`None`: not rehearsed), for trace recorders."""
+    picked = [i for i, p in enumerate(items) if should_rehearse(p.spec, mode, config)]
+    if budget is not None:
+        picked = picked[: max(budget, 0)]
+    requests = [RehearseRequest(call=items[i].call, tool=items[i].spec, allowed=catalog, history=history,
+                                act_message=act_message, examples=list(examples or [])) for i in picked]
+    generations = await asyncio.gather(*(policy.rehearse(r, sampling) for r in requests))
+    out: list[Generation[Prediction] | None] = [None] * len(items)
+    done = list(items)
+    for i, generation in zip(picked, generations):
+        out[i] = generation
+        done[i] = replace(items[i], prediction=generation.parsed)
+    return done, out
+
+
+def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: int = 0) -> list[Proposal]:
+    """The gate's decision for each call; calls it would run count against the real-call budget in order."""
+    out = []
+    for p in items:
+        decision = decide(p.call, p.spec, p.prediction, mode=mode, config=config, real_calls=real_calls)
+        real_calls += decision.action in ("execute", "ask")
+        out.append(replace(p, decision=decision))
+    return out
+
+
+# ------------------------------------------------------------------ approvals
+
+def approval_request(p: Proposal) -> ApprovalRequest:
+    reason = p.decision.reason if p.decision else None
+    rehearsal = p.prediction.model_dump(mode="json") if p.prediction else None
+    return {"type": "tool_approval", "tool_call_id": p.call.id, "name": p.call.name, "args": p.call.arguments,
+            "description": describe(p), "rehearsal": rehearsal, "reason": reason}
+
+
+def describe(p: Proposal) -> str:
+    """What a reviewer reads: the call, why it needs approval, what rehearsal predicts it will return."""
+    lines = [f"{p.call.name}({json.dumps(p.call.arguments, ensure_ascii=False)[:300]})"]
+    if p.decision is not None:
+        lines.append(f"Why: {p.decision.reason}")
+    lines.append(f"Rehearsed outcome: {outcome_text(p.prediction)}")
+    return "\n".join(lines)
+
+
+def outcome_text(prediction: Prediction | None) -> str:
+    if prediction is None:
+        return "not rehearsed"
+    if prediction.status == "result":
+        return f"succeeds, returning {json.dumps(prediction.result, ensure_ascii=False)[:400]}"
+    if prediction.status == "tool_error":
+        return f"fails ({prediction.code}: {prediction.message or prediction.details or 'error'})"
+    return f"could not be read ({prediction.message or prediction.code})"
+
+
+def read_approval(answer: Any, call: ToolCall) -> Approval:
+    """A resume value or an approver's return, in any of the accepted shapes."""
+    if isinstance(answer, Mapping):
+        kind = answer.get("type")
+        if kind == "approve":
+            return Approval(True)
+        if kind == "reject":
+            return Approval(False, answer.get("message"))
+        if kind == "edit":
+            edited = answer.get("edited_action") or {}
+            return Approval(True, edited=ToolCall(id=call.id, name=edited.get("name", call.name),
+                                                  arguments=edited.get("args", call.arguments)))
+        return Approval(bool(answer.get("approved")))
+    if isinstance(answer, str):
+        return Approval(answer.strip().lower() in {"y", "yes", "approve", "approved", "ok"})
+    return Approval(answer is True)
+
+
+# ------------------------------------------------------------------ replies
+
+def reply(call: ToolCall, content: str, status: Literal["success", "error"], artifact: Any = None) -> ToolMessage:
+    return ToolMessage(content=content, tool_call_id=call.id, name=call.name, status=status, artifact=artifact)
+
+
+def simulated_reply(call: ToolCall, prediction: Prediction | None) -> ToolMessage:
+    """The rehearsal standing in for the tool (simulated and mixed modes)."""
+    if prediction is None:
+        return reply(call, "Error: no rehearsal was available to simulate this call (rehearsal budget spent)", "error")
+    if prediction.status == "result":
+        return reply(call, json.dumps(prediction.result, ensure_ascii=False), "success", prediction.model_dump())
+    if prediction.status == "tool_error":
+        return reply(call, json.dumps(prediction.result or {"error_tool_call": {"code": prediction.code}},
+                                      ensure_ascii=False), "error", prediction.model_dump())
+    return reply(call, f"Error: the simulated tool failed ({prediction.code}: {prediction.message})", "error",
+                 prediction.model_dump())
+
+
+def refusal(p: Proposal) -> ToolMessage:
+    """Why the gate did not run a call, with the rehearsed outcome when there is one."""
+    assert p.decision is not None
+    outcome = ""
+    if p.prediction is not None and p.prediction.status != "invalid":
+        outcome = f" Rehearsed outcome: {json.dumps(p.prediction.result, ensure_ascii=False)[:400]}"
+    return reply(p.call, f"Not executed ({p.decision.action}): {p.decision.reason}.{outcome}", "error")
+
+
+def rejected(call: ToolCall, approval: Approval) -> ToolMessage:
+    why = f" Reason: {approval.message}" if approval.message else ""
+    return reply(call, f"Not executed: a human rejected this call.{why}", "error")
+
+
+def observed(p: Proposal, result: ToolResult) -> RehearsalRecord:
+    """The record fields of a call that ran: its real outcome, and how well rehearsal predicted it."""
+    update: RehearsalRecord = {"call_id": p.call.id, "real": result.model_dump(mode="json")}
+    if p.prediction is not None:
+        match = compare(p.prediction, result)
+        update["match"], update["mismatches"] = match.score, match.mismatches
+    return update
+
+
+def result_of(call: ToolCall, message: Any) -> ToolResult | None:
+    """The real outcome a foreign tool's reply carries (our MCP tools put the `ToolResult` in the artifact)."""
+    if not isinstance(message, ToolMessage):
+        return None
+    if isinstance(message.artifact, ToolResult):
+        return message.artifact
+    return ToolResult(tool=call.name, content=[{"type": "text", "text": str(message.content)}],
+                      is_error=message.status == "error")

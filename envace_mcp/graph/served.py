@@ -1,0 +1,90 @@
+"""The context of a served graph (`langgraph dev`, LangGraph Platform), where the context arrives as
+JSON: it names the services, and `prepare()` loads them on first use, once per process, in a worker
+thread (loading a model or starting servers on the event loop would stall every other run, and
+LangGraph's server refuses blocking calls there)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from envace_mcp.graph.state import EnvaceContext
+
+
+@dataclass
+class ServedContext(EnvaceContext):
+    """`EnvaceContext` whose policy and toolbox are named, and loaded by `prepare()`."""
+
+    model: str | None = None
+    """Hugging Face id or folder for the policy when `policy` is not given (`None`: embedded model)."""
+    adapter: str | None = None
+    """LoRA adapter for `model`: `None` = the shipped one with the embedded model (as `envace demo`),
+    none with other models; `"none"` = no adapter."""
+    servers: str | None = None
+    """Path of an `mcpServers` JSON file for the toolbox when `toolbox` is not given."""
+
+    def _needs_toolbox(self) -> bool:
+        return self.toolbox is None and bool(self.servers) and self.mode != "simulated"
+
+    def load(self) -> ServedContext:
+        """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use; blocking)."""
+        if self.policy is None:
+            self.policy = _shared_policy(self.model, self.adapter)
+        if self._needs_toolbox():
+            self.toolbox = _shared_toolbox(self.servers)  # type: ignore[arg-type]
+        return self
+
+    async def prepare(self) -> ServedContext:
+        """`load()` for the graph's nodes: what is still to load is loaded in a worker thread."""
+        if self.policy is None or self._needs_toolbox():
+            import anyio
+
+            await anyio.to_thread.run_sync(self.load)
+        return self
+
+
+_SHARED: dict[tuple[str | None, ...], Any] = {}
+_LOADING = threading.Lock()  # two first runs at once load one copy
+
+
+def _shared_policy(model: str | None, adapter: str | None = None) -> Any:
+    from envace_mcp.policy.embedded import default_adapter
+
+    adapter = default_adapter(model, adapter)
+    key = ("policy", model, adapter)
+    with _LOADING:
+        if key not in _SHARED:
+            from envace_mcp.policy import load_policy
+
+            _SHARED[key] = load_policy(model, adapter=adapter)
+    return _SHARED[key]
+
+
+def _shared_toolbox(servers: str) -> Any:
+    """A toolbox on its own event-loop thread, open for the life of the process (calls from any
+    loop are carried to it), closed at exit."""
+    key = ("toolbox", servers)
+    with _LOADING:
+        if key not in _SHARED:
+            import atexit
+            from contextlib import ExitStack
+
+            from envace_mcp.toolbox import blocking_toolbox
+
+            stack = ExitStack()
+            _SHARED[key] = stack.enter_context(blocking_toolbox(servers))
+            _STACKS.append(stack)
+            if len(_STACKS) == 1:
+                atexit.register(close_shared)
+    return _SHARED[key]
+
+
+_STACKS: list[Any] = []
+
+
+def close_shared() -> None:
+    """Close the process-wide services `ServedContext.load()` opened (servers stop)."""
+    while _STACKS:
+        _STACKS.pop().close()
+    _SHARED.clear()
