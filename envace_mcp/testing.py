@@ -14,13 +14,12 @@ as the real backends, so what a script says is exactly what a model would have s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy.base import PromptPolicy
-from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction
+from envace_mcp.policy.function import FunctionPolicy, Scripted, TextPolicy
 from envace_mcp.policy.types import (
     ActOutput,
     ActRequest,
@@ -33,32 +32,10 @@ from envace_mcp.policy.types import (
     SamplingParams,
 )
 
-Scripted = str | ActOutput | Prediction | Critique
+__all__ = ["ScriptedPolicy", "FunctionPolicy", "build_tiny_qwen3", "QWEN_STYLE_TEMPLATE"]
 
 
-class _DoublePolicy:
-    name = "test-double"
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Role, Any]] = []
-        self.sampling = SamplingParams()
-
-    def _emit(self, role: Role, request: Any, value: Any, sampling: SamplingParams | None) -> Generation[Any]:
-        self.calls.append((role, request))
-        if isinstance(value, str):
-            text = value
-            if role == "act":
-                parsed: Any = parse_act(value)
-            elif role == "rehearse":
-                parsed = parse_prediction(value, request.call, request.tool)
-            else:
-                parsed = parse_critique(value)
-        else:
-            text, parsed = getattr(value, "content", "") or getattr(value, "text", "") or "", value
-        return Generation(role=role, text=text, parsed=parsed, sampling=sampling or self.sampling, model=self.name)
-
-
-class ScriptedPolicy(_DoublePolicy):
+class ScriptedPolicy(TextPolicy):
     """Answers each role from its own script, in order. `.calls` records (role, request) pairs."""
 
     def __init__(self, act: Sequence[Scripted] = (), rehearse: Sequence[Scripted] = (),
@@ -89,31 +66,6 @@ class ScriptedPolicy(_DoublePolicy):
         left = {role: len(s) - self._used[role] for role, s in self.scripts.items() if len(s) > self._used[role]}
         if left:
             raise AssertionError(f"ScriptedPolicy has unused turns: {left}")
-
-
-class FunctionPolicy(_DoublePolicy):
-    """Computes each turn with a function of the request (returning text or a parsed object)."""
-
-    def __init__(self, act: Callable[[ActRequest], Scripted] | None = None,
-                 rehearse: Callable[[RehearseRequest], Scripted] | None = None,
-                 critique: Callable[[CritiqueRequest], Scripted] | None = None) -> None:
-        super().__init__()
-        self.functions = {"act": act, "rehearse": rehearse, "critique": critique}
-
-    def _call(self, role: Role, request: Any) -> Scripted:
-        fn = self.functions[role]
-        if fn is None:
-            raise UserError(f"FunctionPolicy has no function for the {role} role")
-        return fn(request)
-
-    async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[ActOutput]:
-        return self._emit("act", request, self._call("act", request), sampling)
-
-    async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
-        return self._emit("rehearse", request, self._call("rehearse", request), sampling)
-
-    async def critique(self, request: CritiqueRequest, sampling: SamplingParams | None = None) -> Generation[Critique]:
-        return self._emit("critique", request, self._call("critique", request), sampling)
 
 
 # ---------------------------------------------------------------------------- a tiny Qwen3, offline

@@ -1,6 +1,7 @@
 """Evaluation: suites (bundled, τ², BFCL), episodes, runs, metrics and reports (`envace eval`)."""
 
-from envace_mcp.eval.suites import Episode, Suite, TaskSuite, external_suites, get_suite, run_reference, suites
+from envace_mcp.eval.registry import external_suites, get_suite, suites
+from envace_mcp.eval.suites import Episode, Suite, TaskSuite, run_reference
 
 __all__ = ["Suite", "TaskSuite", "Episode", "external_suites", "suites", "get_suite", "run_reference", "run_task", "TaskRun"]
 

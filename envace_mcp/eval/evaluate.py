@@ -86,11 +86,11 @@ def make_policy(settings: EvalSettings, suite: Any, task: Any, base: Any) -> Any
     """The policy for one run: the loaded model, or the task's reference solution."""
     if settings.policy == "reference":
         from envace_mcp.eval.reference import reference_roles
-        from envace_mcp.testing import FunctionPolicy
+        from envace_mcp.policy.function import FunctionPolicy
 
         return FunctionPolicy(**reference_roles(suite, task))
     if settings.policy == "noop":
-        from envace_mcp.testing import FunctionPolicy
+        from envace_mcp.policy.function import FunctionPolicy
 
         return FunctionPolicy(act=lambda request: "I cannot help with that.")
     return base

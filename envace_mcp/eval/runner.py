@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage
 
+from envace_mcp.errors import UserError
 from envace_mcp.eval.suites import TaskSuite
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.graph.gate import Mode
@@ -39,11 +40,14 @@ async def run_task(
     store: Any = None,
     group_id: str | None = None,
     approve: Any = None,
+    tools: list[Any] | None = None,
 ) -> TaskRun:
     """Run the agent on `task` against `toolbox` (one fresh episode), then check the final state.
 
     With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
-    attached as the `task` reward. `approve` answers the gate's `ask` decisions (`EnvaceContext.approve`)."""
+    attached as the `task` reward. `approve` answers the gate's `ask` decisions (`EnvaceContext.approve`).
+    Without a toolbox (simulated mode: `tools` are the catalog entries the agent sees) the run is scored
+    by replaying its calls on the task's initial state (`score_replayed`)."""
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.traces import Reward, record_run
 
@@ -61,9 +65,9 @@ async def run_task(
         for turn, text in enumerate(turns):
             if hasattr(episode, "turn"):
                 episode.turn = turn  # tools may appear in later turns (BFCL's missing functions)
-            context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox), gate=gate or GateConfig(),
-                                    mode=mode, instructions=suite.instructions, sampling=sampling or {},
-                                    approve=approve)
+            context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox) if toolbox is not None else None,
+                                    tools=tools, gate=gate or GateConfig(), mode=mode, instructions=suite.instructions,
+                                    sampling=sampling or {}, approve=approve)
             notes: dict[str, Any] = {}
             if rehearse_n > 0 and turn == 0:  # test-time rehearsal imagines the opening request
                 counting = CountingPolicy(policy)
@@ -80,7 +84,12 @@ async def run_task(
         trace = merge_turns(turn_traces, turns) if turn_traces else None
         if store is not None and trace is not None:
             store.append(trace)  # failed or not
-    verdict = await suite.score(episode, toolbox, {**state, "turn_traces": turn_traces})
+    if toolbox is not None:
+        verdict = await suite.score(episode, toolbox, {**state, "turn_traces": turn_traces})
+    elif hasattr(suite, "score_replayed"):
+        verdict = suite.score_replayed(task, trace)
+    else:
+        raise UserError(f"suite {suite.name!r} scores runs on its server only: give run_task a toolbox")
     reward = Reward(name="task", value=verdict.score, details=verdict.to_dict())
     trace.rewards.append(reward)
     if store is not None:

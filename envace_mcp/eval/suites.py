@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import socket
@@ -39,7 +40,7 @@ class TaskSuite(Protocol):
     - `async score(episode, toolbox, state) -> CheckResult` (`state` has `messages`, `final_answer`
       and, for multi-turn tasks, `turn_traces`);
     - `reference_result(task, done, name, arguments)`: a perfect world model, for reference runs;
-    - optional: `judge_required(task)`, `reference_act(task)`, `run_one(task, ...)` (suites that run
+    - optional: `score_replayed(task, trace)` (scoring a run without a server: simulated rollouts), `judge_required(task)`, `reference_act(task)`, `run_one(task, ...)` (suites that run
       one act turn without a graph, such as BFCL's AST categories).
     """
 
@@ -124,6 +125,21 @@ class Suite:
         """The checker's verdict on an episode's final server state and the run's final answer."""
         return self.check(episode.task, await episode.final_state(toolbox), state.get("final_answer") or "")
 
+    def score_replayed(self, task: Task, trace: Any) -> CheckResult:
+        """Score a run that had no server (simulated mode, EnvACE's training): its executed or simulated
+        calls are applied with the domain's own functions to the task's initial state, then checked."""
+        state = copy.deepcopy(task.initial_state)
+        for step in trace.steps:
+            if step.role != "tool" or step.decision not in ("simulate", "execute") or step.tool is None:
+                continue
+            if step.result is not None and step.result.get("is_error"):
+                continue
+            try:
+                self.server_module.apply(state, step.tool, dict(step.arguments or {}))
+            except (DomainError, KeyError, TypeError):
+                continue
+        return self.check(task, state, trace.final_answer or "")
+
     def reference_result(self, task: Task, done: Sequence[Any], name: str, arguments: dict[str, Any]) -> Any:
         """What the server returns for a call after the actions `done`: a perfect world model."""
         state = replay(task.initial_state, list(done), self.server_module.apply)
@@ -193,38 +209,6 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> N
                 return
         time.sleep(0.05)
     raise UserError(f"server did not listen on port {port} within {timeout:g} s")
-
-
-_SUITES = ("bank", "retail")
-
-
-def suites() -> list[str]:
-    return list(_SUITES)
-
-
-_EXTERNAL = ("tau2-airline", "tau2-retail", "bfcl-base", "bfcl-miss_func", "bfcl-miss_param",
-             "bfcl-long_context", "bfcl-simple", "bfcl-multiple", "bfcl-parallel", "bfcl-parallel_multiple",
-             "bfcl-irrelevance")
-
-
-def get_suite(name: str, seed: int = 0) -> TaskSuite:
-    """A bundled suite (`Suite`) or an external benchmark's adapter with the same interface."""
-    if name in _EXTERNAL and name.startswith("tau2-"):
-        from envace_mcp.eval.tau2 import Tau2Suite
-
-        return Tau2Suite(name.removeprefix("tau2-"))
-    if name in _EXTERNAL:
-        from envace_mcp.eval.bfcl import AST_CATEGORIES, BfclAstSuite, BfclSuite
-
-        category = name.removeprefix("bfcl-")
-        return BfclAstSuite(category) if category in AST_CATEGORIES else BfclSuite(category)
-    if name not in _SUITES:
-        raise UserError(f"unknown suite {name!r}; bundled: {', '.join(_SUITES)}; external: {', '.join(_EXTERNAL)}")
-    return Suite(name, seed)
-
-
-def external_suites() -> list[str]:
-    return list(_EXTERNAL)
 
 
 @dataclass

@@ -10,7 +10,6 @@ from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.policy import SamplingParams
 from envace_mcp.testing import FunctionPolicy
 from envace_mcp.traces import record_run
-from envace_mcp.train.rollouts import replay_reward
 
 pytestmark = pytest.mark.anyio
 
@@ -37,11 +36,11 @@ async def test_simulated_runs_are_scored_by_replaying_their_calls_on_the_initial
     graph = create_envace_graph().compile()
     context = EnvaceContext(policy=FunctionPolicy(act=act, rehearse=rehearse), tools=bank_catalog, mode="simulated")
     _, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context)
-    assert replay_reward(suite, task, trace).score == 1.0
+    assert suite.score_replayed(task, trace).score == 1.0
     idle = FunctionPolicy(act=lambda r: "Sure, done.")
     _, lazy = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},
                                context=EnvaceContext(policy=idle, tools=bank_catalog, mode="simulated"))
-    assert replay_reward(suite, task, lazy).score < 1.0
+    assert suite.score_replayed(task, lazy).score < 1.0
 
 
 def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_catalog):

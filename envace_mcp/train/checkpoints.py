@@ -1,0 +1,41 @@
+"""Checkpoints that resume bit-for-bit: trainable weights, optimizer, RNG states and the data order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Checkpoints:
+    """One checkpoint under `folder` (`state.pt`, written atomically, and the model's own `save_pretrained`)."""
+
+    def __init__(self, folder: Path, rank: int = 0) -> None:
+        self.folder, self.rank = folder, rank
+
+    def save(self, *, step: int, model: Any, optimizer: Any, order: dict[str, Any], config: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        torch.save({"step": step, "params": trainable, "optimizer": optimizer.state_dict(), "rng": order["rng"],
+                    "torch_rng": torch.get_rng_state(), "order": order["order"], "config": config},
+                   self.folder / "state.pt.tmp")
+        (self.folder / "state.pt.tmp").replace(self.folder / "state.pt")
+        model.save_pretrained(self.folder / "model")
+
+    def load(self, *, model: Any, optimizer: Any) -> dict[str, Any] | None:
+        """Restore weights, optimizer and torch's RNG; returns `{"step", "order": {"rng", "order"}}`, or
+        None when there is no checkpoint."""
+        path = self.folder / "state.pt"
+        if not path.exists():
+            return None
+        state = torch.load(path, weights_only=False, map_location="cpu")
+        named = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["params"].items():
+                named[name].copy_(value)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        return {"step": state["step"], "order": {"rng": state["rng"], "order": state["order"]}}

@@ -1,0 +1,98 @@
+"""GRPO's configuration: one JSON file, every default with its reason."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GRPOConfig(BaseModel):
+    """One config file for GRPO (JSON). Every default says why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    """Hugging Face id or folder; None = the embedded SmolLM2 (what the traces were recorded with)."""
+    adapter: str | None = None
+    """Start from this LoRA adapter (e.g. the SFT warm start)."""
+    lora: bool = True
+    """Train a LoRA adapter: small to ship, and the base stays a shared reference."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lr: float = 1e-5
+    """EnvACE used 1e-6 for full fine-tuning of 8B; LoRA on small models needs more."""
+    epsilon: float = 0.2
+    """EnvACE's clip range."""
+    epsilon_high: float | None = None
+    """DAPO's asymmetric upper clip; None = symmetric."""
+    beta: float = 0.0
+    """KL off, as EnvACE (1e-4 when on); β = 0 needs no reference forward pass. With β > 0 each micro-batch
+    also runs the reference: the base model with the adapter disabled (LoRA, as TRL with peft: no second
+    copy), or a frozen copy of the starting weights (full fine-tune)."""
+    skip_zero_advantage: bool = True
+    """With β = 0, segments whose advantage is exactly 0 (a group whose runs all scored alike) add exactly
+    0 to the loss and the gradient: the step leaves them out of the forward/backward passes (same update,
+    same loss; ratio/clip metrics then cover the scored tokens). After SFT on the bank suite most groups are
+    like that: 7 of 8 in a 2-step act-only online run, whose second update spent 13 min on a zero gradient."""
+    loss_type: Literal["token_mean", "sequence_mean", "dr_grpo", "dapo"] = "token_mean"
+    """EnvACE aggregates by token mean. Two deliberate differences from TRL's same-named losses:
+    `token_mean` divides by every completion token of the *step* (all micro-batches and ranks: one step's
+    loss does not depend on how it is cut), where TRL's `bnpo` divides per micro-batch (equal with one
+    micro-batch per step); `dr_grpo` divides by B x the step's *longest* completion, where TRL divides by
+    its configured `max_completion_length` (equal when a completion reaches that limit)."""
+    scale_rewards: Literal["none", "group", "batch"] = "none"
+    """EnvACE divides by no std."""
+    advantage: Literal["role", "trajectory"] = "role"
+    """"role": EnvACE's per-(task, role) baselines over segments (a longer run weighs more);
+    "trajectory": standard GRPO, the baseline is the mean over the group's runs, each counted once."""
+    roles: list[str] = Field(default_factory=lambda: ["act", "rehearse"])
+    """Which roles carry loss; ["act"] is the act-only GRPO ablation."""
+    reward: str = "task"
+    """The reward name read from the traces."""
+    steps: int = 10
+    groups_per_step: int = 4
+    """EnvACE: 16 tasks x 4 rollouts per step on 16 GPUs; 4 groups fit a CPU."""
+    micro_batch: int = 4
+    """Segments per forward pass (gradient accumulation inside one step); with `share_prefix` a
+    group's runs, in prompt order, share their system prompt, tools, task and early turns."""
+    max_grad_norm: float = 1.0
+    """EnvACE's grad clip."""
+    seed: int = 0
+    checkpoint_every: int = 5
+    fidelity_weight: float = 0.0
+    """Beyond EnvACE (off): a rehearsal whose call really ran (mixed / real mode) is rewarded
+    task reward + w x its match score against the real result, so the world model is pushed
+    towards what happened; rehearsals without a real result keep the task reward."""
+    real_output_ce: float = 0.0
+    """Beyond EnvACE (off): weight of a cross-entropy term teaching the rehearse role the recorded
+    real tool outputs (as SFT does), added to the GRPO loss (mean over those target tokens)."""
+    share_prefix: bool = True
+    """Micro-batches packed into one sequence with their common prompt prefix once (exact: the same
+    gradients for fewer tokens); CPU models attend the parts separately (no N×N mask). Online GRPO
+    step on the embedded model (`benchmarks/grpo_memory.py --steps 1`): update 69 s and 2.96 GB peak
+    vs 174 s and 3.10 GB one segment at a time; TRL-shaped groups (`benchmarks/grpo_vs_trl.py`):
+    5.90x TRL's update vs 1.86x unpacked."""
+    gradient_checkpointing: bool = True
+    """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
+    bf16: bool = False
+    """bf16 autocast for the update's forward pass (faster on AMX CPUs / GPUs; ratios then carry bf16 noise)."""
+    mmap_threshold_mb: float | None = 1.0
+    """Allocations of this size or more get their own mmap, handed back when freed (`rows.cap_heap_blocks`;
+    glibc only, process-wide). Online GRPO from the shipped bank adapter (runs of up to 12 calls) peaked
+    at 7.0 GB in rollouts and 6.6 GB in the update with glibc's default; the packed passes' freed heap
+    blocks were most of it. None: glibc's default (faster passes, more memory)."""
+    rollout_prefix_cache_tokens: int = 16384
+    """Online GRPO: the rollout policy's prefix cache (prompt keys/values kept for reuse; 46 KB a token for
+    the embedded model in fp32: 0.75 GB). Inference keeps 32,768; in training it sits next to the decode
+    batch and the weights, and each step starts it empty anyway."""
+    rollout_kv_gb: float | Literal["auto"] | None = "auto"
+    """Online GRPO: the rollout policy's `kv_budget_gb` (decode-batch keys/values); "auto": 1 GB on CPU, no
+    limit on accelerators. Long runs in fp32 are 46 KB a token for the embedded model: 16 rows of ~3.6k
+    columns would be 2.6 GB."""
+
+
+def rollout_kv_gb(setting: float | str | None, model: Any) -> float | None:
+    if setting == "auto":
+        return 1.0 if next(model.parameters()).device.type == "cpu" else None
+    return setting  # type: ignore[return-value]

@@ -1,0 +1,133 @@
+"""Where a GRPO step's groups come from: recorded traces (offline) or fresh rollouts (online).
+
+Both pick tasks or groups in a seeded order that is checkpointed with the trainer (`SeededOrder`), so a
+resumed run sees the same data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from pathlib import Path
+from typing import Any
+
+from envace_mcp.errors import UserError
+from envace_mcp.traces import Trace, TraceStore
+from envace_mcp.train.advantages import group_key, groups_of
+from envace_mcp.train.config import GRPOConfig, rollout_kv_gb
+from envace_mcp.train.learner import GRPOLearner
+from envace_mcp.train.rows import Segment, segments
+
+
+class SeededOrder:
+    """The next `n` indices of a seeded shuffle that is redrawn when used up."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+
+    def take(self, n: int, available: int) -> list[int]:
+        picked = []
+        for _ in range(min(n, available)):
+            if not self.order:
+                self.order = list(range(available))
+                self.rng.shuffle(self.order)
+            picked.append(self.order.pop())
+        return picked
+
+    def state(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "order": self.order}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = state["order"]
+
+
+def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
+    """The traces' segments of the trained roles that carry sampling logprobs, by group; with
+    `real_output_ce`, the rehearse prompts' real-result targets go to the learner too."""
+    config = learner.config
+    traces = list(traces)
+    rows = [r for r in segments(traces, reward=config.reward) if r.role in config.roles]
+    if config.real_output_ce > 0:
+        from envace_mcp.train.sft import sft_rows, target_encoding
+
+        encode, end = target_encoding(learner.tokenizer)
+        for row in sft_rows(traces, encode, end, roles=("rehearse",), reward=config.reward):
+            learner.ce_rows[group_key(row)].append(row)
+    return groups_of([r for r in rows if r.old_logprobs is not None])
+
+
+class TraceGroups:
+    """Groups of recorded runs (a trace's `group_id`: one task's K runs), `groups_per_step` at a time."""
+
+    def __init__(self, traces: str | Path, learner: GRPOLearner) -> None:
+        self.learner = learner
+        self.groups = trainable_groups(TraceStore(traces).read(), learner)
+        if not self.groups:
+            raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
+                            f"'{learner.config.reward}' reward")
+
+    def pick(self, order: SeededOrder, config: GRPOConfig) -> list[list[Segment]]:
+        """The step's groups, on every rank."""
+        return [self.groups[i] for i in order.take(config.groups_per_step, len(self.groups))]
+
+    def next(self, order: SeededOrder, config: GRPOConfig, step: int) -> list[list[Segment]]:
+        """This rank's share of the step's groups."""
+        return self.pick(order, config)[self.learner.rank::self.learner.world_size]
+
+
+class RolloutGroups:
+    """Fresh rollouts: K graph runs for each of `groups_per_step` tasks with the weights being trained
+    (batched through one `TransformersPolicy` over the learner's model), recorded under `out/traces`
+    and scored by the suite's checker."""
+
+    def __init__(self, learner: GRPOLearner, suite: Any, out: Path, *, k: int = 4, mode: str = "simulated",
+                 tools: list[Any] | None = None, gate: Any = None, sampling: dict[str, Any] | None = None,
+                 split: str = "train") -> None:
+        from envace_mcp.policy.transformers import TransformersPolicy
+
+        config = learner.config
+        self.learner, self.suite, self.out = learner, suite, out
+        self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
+        self.sampling = sampling or {}
+        self.tasks = suite.split(split)
+        self.policy: Any = TransformersPolicy(learner.model, learner.tokenizer,
+                                              name=f"{config.model or 'embedded'} (training)", max_batch_size=max(16, k),
+                                              kv_budget_gb=rollout_kv_gb(config.rollout_kv_gb, learner.model),
+                                              prefix_cache_tokens=config.rollout_prefix_cache_tokens)
+        """The rollout policy (replaceable, e.g. by a `ForcedPolicy` around it)."""
+
+    def next(self, order: SeededOrder, config: GRPOConfig, step: int) -> list[list[Segment]]:
+        import anyio
+
+        learner = self.learner
+        picked = [self.tasks[i] for i in order.take(config.groups_per_step, len(self.tasks))]
+        picked = picked[learner.rank::learner.world_size]
+        learner.model.eval()
+        traces = anyio.run(self._collect, picked, step)  # a step is synchronous; rollouts run on their own loop
+        backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
+        # the update changes the weights: the engine's cached keys/values are freed now, so the update's
+        # activations never sit next to them (peak memory)
+        backend.engine.weights_changed()
+        learner.ce_rows.clear()  # real-output CE rows of this step's groups only
+        store = TraceStore(self.out / "traces")
+        for trace in traces:
+            store.append(trace)
+        return trainable_groups(traces, learner)
+
+    async def _collect(self, tasks: list[Any], step: int) -> list[Trace]:
+        from envace_mcp.train.rollouts import rollout_group
+
+        async with contextlib.AsyncExitStack() as stack:
+            toolbox = None
+            if self.mode != "simulated":  # real / mixed: the suite's server, in process, one episode per run
+                from envace_mcp.toolbox import Toolbox
+
+                toolbox = await stack.enter_async_context(Toolbox({self.suite.name: self.suite.build_server()}))
+            runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
+                                                        toolbox=toolbox, tools=self.tools, gate=self.gate,
+                                                        sampling=self.sampling, group_id=f"step{step + 1}:{task.id}")
+                                          for task in tasks))
+        return [t for group in runs for t in group]
