@@ -1,7 +1,6 @@
 """envace-mcp: agents that rehearse before they act (EnvACE) for LangGraph and MCP."""
 
-__version__ = "0.1.0"
-
+from envace_mcp._version import __version__
 from envace_mcp.errors import ConfigError, EnvaceError, UserError  # noqa: E402
 from envace_mcp.toolbox import (  # noqa: E402
     ServerStartError,

@@ -10,7 +10,7 @@ import random
 from functools import lru_cache
 from typing import Any
 
-from . import bank
+from . import bank_domain as bank
 from ._common import Action, CheckResult, Requirement, Task, check_task, money
 
 TRAIN_PER_KIND, TEST_PER_KIND = 22, 8

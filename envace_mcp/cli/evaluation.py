@@ -107,7 +107,7 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
 
 def _finish(results: list[dict[str, Any]], out: Path) -> None:
     from envace_mcp.eval.metrics import paired_difference, task_scores
-    from envace_mcp.eval.report import _f, markdown, plot
+    from envace_mcp.eval.report import markdown, number, plot
 
     comparison = None
     if len(results) == 2:
@@ -125,9 +125,9 @@ def _finish(results: list[dict[str, Any]], out: Path) -> None:
     for res in results:
         s = res["summary"]
         k = s["success"]["repeats"]
-        table.add_row(res["label"], f"{s['success']['tasks']}×{k}", _f(s["success"]["score"]), _f(s["success"]["pass@1"]),
-                      _f(s["success"].get(f"pass^{k}")) if k > 1 else "–", _f(s["tool_calls"]["f1"]),
-                      _f(s["fidelity"]["field_accuracy"]), str(s["cost"]["real_calls"]), str(s["cost"]["stopped_calls"]),
+        table.add_row(res["label"], f"{s['success']['tasks']}×{k}", number(s["success"]["score"]), number(s["success"]["pass@1"]),
+                      number(s["success"].get(f"pass^{k}")) if k > 1 else "–", number(s["tool_calls"]["f1"]),
+                      number(s["fidelity"]["field_accuracy"]), str(s["cost"]["real_calls"]), str(s["cost"]["stopped_calls"]),
                       str(sum(v for key, v in s["cost"].items() if key.startswith("tokens_"))))
     console.print(table)
     if "judged_apart" in results[0]["summary"]:

@@ -34,9 +34,10 @@ def train_sft_command(
         _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
+    from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
 
-    lm, tokenizer = load_model(model, dtype="auto")  # the checkpoint's own dtype, as transformers loads it
+    lm, tokenizer = load_model(model or embedded_model_dir(), dtype="auto")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
     rows = sft_rows(store.read(), encode, end, min_reward=min_reward)
     if not rows:

@@ -21,17 +21,14 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
         raise UserError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
 
 
-def load_model(model: str | Path | None = None, *, adapter: str | Path | None = None, dtype: str | torch.dtype = "float32",
+def load_model(model: str | Path, *, adapter: str | Path | None = None, dtype: str | torch.dtype = "float32",
                device: str | None = None, trainable: bool = False) -> tuple[Any, Any]:
-    """(model, tokenizer) for a Hugging Face id or local folder (`None`: the embedded default), under a
-    LoRA `adapter` folder if given (`trainable`: its weights train). Every loader of the project comes
-    here, so a bad name, folder or adapter gives the same clear error everywhere."""
+    """(model, tokenizer) for a Hugging Face id or local folder (`policy.embedded.embedded_model_dir()`
+    is the embedded default), under a LoRA `adapter` folder if given (`trainable`: its weights train).
+    Every loader of the project comes here, so a bad name, folder or adapter gives the same clear error
+    everywhere."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if model is None:
-        from envace_mcp.policy.embedded import embedded_model_dir
-
-        model = embedded_model_dir()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=resolve_dtype(dtype))

@@ -24,7 +24,8 @@ def get_suite(name: str, seed: int = 0) -> TaskSuite:
 
         return Tau2Suite(name.removeprefix("tau2-"))
     if name in _EXTERNAL:
-        from envace_mcp.eval.bfcl import AST_CATEGORIES, BfclAstSuite, BfclSuite
+        from envace_mcp.eval.bfcl import BfclSuite
+        from envace_mcp.eval.bfcl_ast import AST_CATEGORIES, BfclAstSuite
 
         category = name.removeprefix("bfcl-")
         return BfclAstSuite(category) if category in AST_CATEGORIES else BfclSuite(category)

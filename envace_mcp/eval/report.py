@@ -12,7 +12,8 @@ CHART = [("success", "score", "mean score"), ("success", "pass@1", "pass@1"), ("
          ("fidelity", "error_prediction", "error prediction")]
 
 
-def _f(value: Any, digits: int = 3) -> str:
+def number(value: Any, digits: int = 3) -> str:
+    """A table cell: the value to `digits` places, "–" when there is none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, float):
@@ -30,14 +31,14 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
         s = res["summary"]
         succ, calls, fid, cost = s["success"], s["tool_calls"], s["fidelity"], s["cost"]
         k = succ["repeats"]
-        pass_k = _f(succ.get(f"pass^{k}")) + f" (k={k})" if k > 1 else "–"
-        fidelity = (f"{_f(fid['exact_match'])} / {_f(fid['field_accuracy'])} / {_f(fid['error_prediction'])} "
+        pass_k = number(succ.get(f"pass^{k}")) + f" (k={k})" if k > 1 else "–"
+        fidelity = (f"{number(fid['exact_match'])} / {number(fid['field_accuracy'])} / {number(fid['error_prediction'])} "
                     f"(n={fid['executed_rehearsed_calls']})")
         lines.append("| " + " | ".join([
-            res["label"], f"{succ['tasks']} × {k}", _f(succ["score"]), _f(succ["pass@1"]), pass_k,
-            f"{_f(calls['precision'])} / {_f(calls['recall'])} / {_f(calls['f1'])}", _f(calls["exact_match"]),
+            res["label"], f"{succ['tasks']} × {k}", number(succ["score"]), number(succ["pass@1"]), pass_k,
+            f"{number(calls['precision'])} / {number(calls['recall'])} / {number(calls['f1'])}", number(calls["exact_match"]),
             fidelity, _tokens(cost), str(cost["real_calls"]),
-            str(cost["stopped_calls"]), _f(cost["wall_s"], 1)]) + " |")
+            str(cost["stopped_calls"]), number(cost["wall_s"], 1)]) + " |")
     lines += ["", "Success by task kind (mean score):", ""]
     kinds = sorted({r["kind"] or "-" for res in results for r in res["runs"] if not r["judge_required"]})
     lines += ["| configuration | " + " | ".join(kinds) + " |", "|" + "---|" * (len(kinds) + 1)]
@@ -46,13 +47,13 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
         for r in res["runs"]:
             if not r["judge_required"]:
                 per[r["kind"] or "-"].append(r["score"] or 0.0)
-        lines.append(f"| {res['label']} | " + " | ".join(_f(sum(per[k]) / len(per[k]) if per[k] else None, 2)
+        lines.append(f"| {res['label']} | " + " | ".join(number(sum(per[k]) / len(per[k]) if per[k] else None, 2)
                                                        for k in kinds) + " |")
     for res in results:
         apart = res["summary"].get("judged_apart")
         if apart:
             lines += ["", f"{res['label']}: {apart['tasks']} task(s) left out of the scores above — {apart['note']}; "
-                          f"their partial score: {_f(apart['partial_score'])}."]
+                          f"their partial score: {number(apart['partial_score'])}."]
         failed = [r for r in res["runs"] if r["status"] == "failed"]
         if failed:
             lines += ["", f"{res['label']}: {len(failed)} run(s) failed: "

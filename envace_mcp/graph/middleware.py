@@ -34,7 +34,7 @@ from typing_extensions import NotRequired
 
 from envace_mcp.errors import UserError
 from envace_mcp.graph import calls
-from envace_mcp.graph.dropin import ToolCallRehearsal, _run_sync
+from envace_mcp.graph.dropin import ToolCallRehearsal, run_sync
 from envace_mcp.graph.gate import GateConfig, Mode
 from envace_mcp.graph.state import RehearsalRecord, upsert_records
 from envace_mcp.policy.base import Policy
@@ -73,7 +73,7 @@ class RehearsalMiddleware(AgentMiddleware):
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         if not self.prerehearse:
             return None
-        records = _run_sync(self.core.rehearse_turn(state, runtime))
+        records = run_sync(self.core.rehearse_turn(state, runtime))
         return {"rehearsals": records} if records else None
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:

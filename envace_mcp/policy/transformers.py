@@ -77,9 +77,10 @@ class TransformersPolicy(PromptPolicy):
         bfloat16 generates about twice as fast on CPUs with AMX.
         """
         if model is None:
-            from envace_mcp.policy.embedded import EMBEDDED_NAME
+            from envace_mcp.policy.embedded import EMBEDDED_NAME, embedded_model_dir
 
             kwargs.setdefault("name", f"{EMBEDDED_NAME} (embedded)")
+            model = embedded_model_dir()
         lm, tokenizer = load_model(model, adapter=adapter, dtype=dtype, device=device)
         lm.eval()
         return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)

@@ -332,7 +332,7 @@ logging.getLogger("mcp.client.stdio").addFilter(_OneLine())
 def _implementation(name: str) -> Any:
     from mcp.types import Implementation
 
-    from envace_mcp import __version__
+    from envace_mcp._version import __version__
 
     return Implementation(name=name, version=__version__)
 

@@ -29,6 +29,7 @@ from envace_mcp.toolbox._connection import Connection, ServerStartError, _descri
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec, name_tools
 from envace_mcp.toolbox.config import ServerSpec, load_servers
 from envace_mcp.toolbox.result import ToolResult
+from envace_mcp.toolbox.scope import ToolboxScope
 
 DEFAULT_TIMEOUT_S = 60.0
 """Long enough for real tools (a quote service, a database), short enough that a hung tool
@@ -254,56 +255,31 @@ class Toolbox:
             self._rebuild_catalog()
         generation = conn.generation
         limit = timeout if timeout is not None else (conn.spec.timeout or self.timeout)
+
+        def failed(kind: Any, message: str, **details: Any) -> ToolResult:
+            return ToolResult.error(kind, message, tool=name, server=spec.server, arguments=arguments,
+                                    details=details or None, latency_s=time.perf_counter() - started)
+
         try:
             with anyio.fail_after(limit):
                 raw = await client.call_tool(spec.remote_name, dict(arguments), meta=dict(meta) if meta else None)
         except TimeoutError:
-            return ToolResult.error(
-                "timeout",
-                f"Tool '{name}' timed out after {limit:g} s",
-                tool=name,
-                server=spec.server,
-                arguments=arguments,
-                details={"timeout_s": limit},
-                latency_s=time.perf_counter() - started,
-            )
+            return failed("timeout", f"Tool '{name}' timed out after {limit:g} s", timeout_s=limit)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 conn.mark_dead(generation, "connection closed during a call")
                 return self._died(spec, arguments, f"server '{spec.server}' died during the call", started, conn)
-            return ToolResult.error(
-                "tool_error",
-                f"Tool '{name}' failed with a protocol error {exc.code}: {exc}",
-                tool=name,
-                server=spec.server,
-                arguments=arguments,
-                details={"code": exc.code},
-                latency_s=time.perf_counter() - started,
-            )
+            return failed("tool_error", f"Tool '{name}' failed with a protocol error {exc.code}: {exc}", code=exc.code)
         except _TRANSPORT_ERRORS as exc:
             conn.mark_dead(generation, _describe(exc))
             return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
         except (ValidationError, RuntimeError, ValueError) as exc:
-            return ToolResult.error(
-                "tool_error",
-                f"Tool '{name}' returned a malformed result: {_describe(exc)}",
-                tool=name,
-                server=spec.server,
-                arguments=arguments,
-                latency_s=time.perf_counter() - started,
-            )
+            return failed("tool_error", f"Tool '{name}' returned a malformed result: {_describe(exc)}")
         except Exception as exc:
             if _is_transport_failure(exc):
                 conn.mark_dead(generation, _describe(exc))
                 return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
-            return ToolResult.error(
-                "tool_error",
-                f"Tool '{name}' failed: {_describe(exc)}",
-                tool=name,
-                server=spec.server,
-                arguments=arguments,
-                latency_s=time.perf_counter() - started,
-            )
+            return failed("tool_error", f"Tool '{name}' failed: {_describe(exc)}")
         return ToolResult(
             tool=name,
             server=spec.server,
@@ -401,73 +377,6 @@ class Toolbox:
             return asyncio.get_running_loop() is self._loop
         except RuntimeError:
             return False
-
-
-class ToolboxScope:
-    """A toolbox view that adds fixed `_meta` and bound arguments to every call, and hides tools."""
-
-    def __init__(self, toolbox: Toolbox, meta: dict[str, Any], *, bind: dict[str, Any] | None = None,
-                 hide: frozenset[str] = frozenset()) -> None:
-        self.toolbox = toolbox
-        self.meta = meta
-        self.bind = dict(bind or {})
-        self.hide = hide
-        self._views: tuple[ToolCatalog, ToolCatalog] | None = None
-
-    @property
-    def catalog(self) -> ToolCatalog:
-        """The toolbox's catalog without hidden tools and without bound parameters."""
-        full = self.toolbox.catalog
-        if not self.bind and not self.hide:
-            return full
-        if self._views is None or self._views[0] is not full:  # rebuilt after a server restart changed it
-            specs = [spec if not self._bound(spec) else spec.without_parameters(self._bound(spec))
-                     for spec in full if spec.name not in self.hide]
-            self._views = (full, ToolCatalog(specs))
-        return self._views[1]
-
-    def _bound(self, spec: ToolSpec) -> list[str]:
-        properties = spec.input_schema.get("properties") or {}
-        return [name for name in self.bind if name in properties]
-
-    def _arguments(self, name: str, arguments: Any) -> tuple[Any, ToolResult | None]:
-        if name in self.hide:
-            return arguments, ToolResult.error("denied", f"Tool '{name}' is not available here", tool=name,
-                                               arguments=arguments)
-        spec = self.toolbox.catalog.get(name)
-        if spec is None or not self.bind or not isinstance(arguments, Mapping):
-            return arguments, None
-        bound = self._bound(spec)
-        # The toolbox validates the bound arguments against the full schema: the model's own fields
-        # are checked as it saw them, and a value it wrote for a bound field is replaced.
-        return ({**arguments, **{k: self.bind[k] for k in bound}} if bound else arguments), None
-
-    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
-        arguments, refused = self._arguments(name, {} if arguments is None else arguments)
-        if refused is not None:
-            return refused
-        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None)
-
-    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
-        arguments, refused = self._arguments(name, {} if arguments is None else arguments)
-        if refused is not None:
-            return refused
-        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None)
-
-    def scoped(self, meta: Mapping[str, Any] | None = None, *, bind: Mapping[str, Any] | None = None,
-               hide: Iterable[str] = ()) -> ToolboxScope:
-        """A narrower view: this scope's meta, bindings and hidden tools plus the given ones."""
-        return ToolboxScope(self.toolbox, {**self.meta, **(meta or {})}, bind={**self.bind, **(bind or {})},
-                            hide=self.hide | frozenset(hide))
-
-    async def read_resource(self, server: str, uri: str) -> str:
-        return await self.toolbox.read_resource(server, uri, meta=self.meta or None)
-
-    def langchain_tools(self) -> list[Any]:
-        """This scope's catalog as LangChain tools (sync and async), for any existing agent."""
-        from envace_mcp.toolbox.langchain import to_langchain_tools
-
-        return to_langchain_tools(self)
 
 
 @contextmanager

@@ -53,8 +53,10 @@ class GRPOLearner:
         self.rank, self.world_size = distributed.setup()
         if model is None:
             from envace_mcp.engine.model import load_model
+            from envace_mcp.policy.embedded import embedded_model_dir
 
-            model, tokenizer = load_model(config.model, adapter=config.adapter, dtype="auto", trainable=True)
+            model, tokenizer = load_model(config.model or embedded_model_dir(), adapter=config.adapter, dtype="auto",
+                                          trainable=True)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
         if config.adapter:

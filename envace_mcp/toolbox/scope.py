@@ -1,0 +1,77 @@
+"""A view of a toolbox for one episode or one agent: fixed `_meta` on every call, bound arguments
+hidden from the model, tools hidden altogether."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
+from envace_mcp.toolbox.result import ToolResult
+
+
+class ToolboxScope:
+    """A toolbox view that adds fixed `_meta` and bound arguments to every call, and hides tools."""
+
+    def __init__(self, toolbox: Any, meta: dict[str, Any], *, bind: dict[str, Any] | None = None,
+                 hide: frozenset[str] = frozenset()) -> None:
+        self.toolbox = toolbox
+        self.meta = meta
+        self.bind = dict(bind or {})
+        self.hide = hide
+        self._views: tuple[ToolCatalog, ToolCatalog] | None = None
+
+    @property
+    def catalog(self) -> ToolCatalog:
+        """The toolbox's catalog without hidden tools and without bound parameters."""
+        full = self.toolbox.catalog
+        if not self.bind and not self.hide:
+            return full
+        if self._views is None or self._views[0] is not full:  # rebuilt after a server restart changed it
+            specs = [spec if not self._bound(spec) else spec.without_parameters(self._bound(spec))
+                     for spec in full if spec.name not in self.hide]
+            self._views = (full, ToolCatalog(specs))
+        return self._views[1]
+
+    def _bound(self, spec: ToolSpec) -> list[str]:
+        properties = spec.input_schema.get("properties") or {}
+        return [name for name in self.bind if name in properties]
+
+    def _arguments(self, name: str, arguments: Any) -> tuple[Any, ToolResult | None]:
+        if name in self.hide:
+            return arguments, ToolResult.error("denied", f"Tool '{name}' is not available here", tool=name,
+                                               arguments=arguments)
+        spec = self.toolbox.catalog.get(name)
+        if spec is None or not self.bind or not isinstance(arguments, Mapping):
+            return arguments, None
+        bound = self._bound(spec)
+        # The toolbox validates the bound arguments against the full schema: the model's own fields
+        # are checked as it saw them, and a value it wrote for a bound field is replaced.
+        return ({**arguments, **{k: self.bind[k] for k in bound}} if bound else arguments), None
+
+    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
+        arguments, refused = self._arguments(name, {} if arguments is None else arguments)
+        if refused is not None:
+            return refused
+        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None)
+
+    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
+        arguments, refused = self._arguments(name, {} if arguments is None else arguments)
+        if refused is not None:
+            return refused
+        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None)
+
+    def scoped(self, meta: Mapping[str, Any] | None = None, *, bind: Mapping[str, Any] | None = None,
+               hide: Iterable[str] = ()) -> ToolboxScope:
+        """A narrower view: this scope's meta, bindings and hidden tools plus the given ones."""
+        return ToolboxScope(self.toolbox, {**self.meta, **(meta or {})}, bind={**self.bind, **(bind or {})},
+                            hide=self.hide | frozenset(hide))
+
+    async def read_resource(self, server: str, uri: str) -> str:
+        return await self.toolbox.read_resource(server, uri, meta=self.meta or None)
+
+    def langchain_tools(self) -> list[Any]:
+        """This scope's catalog as LangChain tools (sync and async), for any existing agent."""
+        from envace_mcp.toolbox.langchain import to_langchain_tools
+
+        return to_langchain_tools(self)
