@@ -20,20 +20,10 @@ from envace_mcp.graph.gate import GateConfig, Mode
 from envace_mcp.graph.nodes._common import emit
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import ToolCall
-from envace_mcp.toolbox import ToolAnnotations, ToolSpec
+from envace_mcp.toolbox import ToolSpec
+from envace_mcp.toolbox.langchain import spec_from_tool
 
 T = TypeVar("T")
-
-
-def spec_from_tool(tool: Any) -> ToolSpec:
-    """A catalog entry for any LangChain tool (ours carry MCP annotations in `metadata`)."""
-    metadata = getattr(tool, "metadata", None) or {}
-    schema = tool.args_schema if isinstance(tool.args_schema, dict) else tool.tool_call_schema.model_json_schema()
-    return ToolSpec.create(remote_name=tool.name, server=str(metadata.get("server", "langchain")),
-                           description=tool.description, input_schema=schema,
-                           output_schema=metadata.get("output_schema"),
-                           annotations=ToolAnnotations.from_hints(
-                               {f"{k}_hint": v for k, v in (metadata.get("annotations") or {}).items()} or None))
 
 
 class ToolCallRehearsal:
@@ -141,13 +131,13 @@ class ToolCallRehearsal:
         return self._done(p, self._unrun(p, action))
 
     def wrap(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
-        p = _run_sync(self._decided(request))  # the policy is async; a sync agent still gets its rehearsal
+        p = run_sync(self._decided(request))  # the policy is async; a sync agent still gets its rehearsal
         action = p.decision.action if p.decision else "execute"
         approval = None
         if action == "ask":
             request_shown = calls.approval_request(p)
             answer = interrupt(request_shown) if self.approve is None else self.approve(request_shown)
-            approval = calls.read_approval(_run_sync(answer) if inspect.isawaitable(answer) else answer, p.call)
+            approval = calls.read_approval(run_sync(answer) if inspect.isawaitable(answer) else answer, p.call)
             if not approval.approved:
                 return self._done(p, calls.rejected(p.call, approval), approval)
             action = "execute"
@@ -186,7 +176,7 @@ class ToolCallRehearsal:
         return Command(update={self.messages_key: [reply], self.record_key: [record]})
 
 
-def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine from sync code: here if this thread runs no event loop, else in a fresh thread."""
     try:
         asyncio.get_running_loop()

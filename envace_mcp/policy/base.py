@@ -79,6 +79,13 @@ class PromptPolicy(ABC):
         raw = await self._complete("rehearse", render_rehearse(request), None, s)
         return self._generation("rehearse", raw, parse_prediction(raw.text, request.call, request.tool), s)
 
+    def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
+        """This policy's act role as a LangChain chat model (`PolicyChatModel`), for any agent: its
+        replies' token ids and logprobs reach `record_run`, so the agent's runs can train this policy."""
+        from envace_mcp.policy.chat_model import PolicyChatModel
+
+        return PolicyChatModel(policy=self, sampling=sampling)
+
     async def critique(self, request: CritiqueRequest, sampling: SamplingParams | None = None) -> Generation[Critique]:
         s = self._sampling("critique", sampling)
         raw = await self._complete("critique", render_critique(request), None, s)

@@ -17,6 +17,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict
 
+from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec
 from envace_mcp.toolbox.result import ToolResult
 
 _ARGS = "__envace_arguments"
@@ -70,3 +71,19 @@ def to_langchain_tools(scope: Any) -> list[MCPTool]:
         )
         for spec in scope.catalog
     ]
+
+
+def spec_from_tool(tool: Any) -> ToolSpec:
+    """A catalog entry for any LangChain tool (ours carry MCP annotations in `metadata`), or for a tool
+    in OpenAI's function format (a dict)."""
+    if isinstance(tool, dict):
+        fn = tool.get("function", tool)
+        return ToolSpec.create(remote_name=fn["name"], server="langchain", description=fn.get("description"),
+                               input_schema=fn.get("parameters"), output_schema=None, annotations=ToolAnnotations())
+    metadata = getattr(tool, "metadata", None) or {}
+    schema = tool.args_schema if isinstance(tool.args_schema, dict) else tool.tool_call_schema.model_json_schema()
+    return ToolSpec.create(remote_name=tool.name, server=str(metadata.get("server", "langchain")),
+                           description=tool.description, input_schema=schema,
+                           output_schema=metadata.get("output_schema"),
+                           annotations=ToolAnnotations.from_hints(
+                               {f"{k}_hint": v for k, v in (metadata.get("annotations") or {}).items()} or None))

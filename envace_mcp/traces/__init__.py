@@ -1,7 +1,7 @@
 """Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
 rewards), stored crash-safely, read back for inspection and training."""
 
-from envace_mcp.traces.recorder import TraceRecorder, record_run
+from envace_mcp.traces.recorder import RewardFunction, TraceRecorder, record_group, record_run, score
 from envace_mcp.traces.schema import SCHEMA_VERSION, Comparison, Reward, Step, Trace, read_trace
 from envace_mcp.traces.store import TraceStore, to_dataset
 
@@ -14,6 +14,9 @@ __all__ = [
     "read_trace",
     "TraceRecorder",
     "record_run",
+    "record_group",
+    "RewardFunction",
+    "score",
     "TraceStore",
     "to_dataset",
 ]

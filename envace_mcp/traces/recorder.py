@@ -12,15 +12,17 @@ run has its own recorder, so dozens of concurrent runs never mix steps.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import inspect
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 
-from envace_mcp.traces.schema import Comparison, RunStatus, Step, Trace
+from envace_mcp.traces.schema import Comparison, Reward, RunStatus, Step, Trace
 from envace_mcp.toolbox import ToolResult
 
 _STOPPED = {"feedback", "block", "reject", "budget", "simulate", "rejected_by_human"}
@@ -144,11 +146,31 @@ class TraceRecorder:
         return self.trace
 
 
+RewardFunction = Callable[[Trace, dict[str, Any]], Any]
+"""`fn(trace, final_state) -> (value, details)` (sync or async), named by its `__name__` (or a `name`
+attribute); `None` or a `None` value: the run cannot be scored (recorded as such, never as 0)."""
+
+
+async def score(trace: Trace, state: dict[str, Any], rewards: Sequence[RewardFunction]) -> Trace:
+    """Attach each reward function's verdict on a finished run to its trace."""
+    for fn in rewards:
+        name = getattr(fn, "name", None) or getattr(fn, "__name__", "reward")
+        verdict = fn(trace, state)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        value, details = verdict if verdict is not None else (None, {"unscorable": True})
+        trace.rewards.append(Reward(name=name, value=None if value is None else float(value), details=dict(details or {})))
+    return trace
+
+
 async def record_run(graph: Any, graph_input: Any, *, context: Any = None, config: dict[str, Any] | None = None,
                      store: Any = None, recorder: TraceRecorder | None = None,
-                     on_update: Callable[[str, Any], None] | None = None, **fields: Any) -> tuple[dict[str, Any], Trace]:
-    """Run a compiled graph, recording it; the trace is appended to `store` even if the run fails.
-    `on_update(node, update)` sees each node's update as it arrives (a live transcript)."""
+                     on_update: Callable[[str, Any], None] | None = None, rewards: Sequence[RewardFunction] = (),
+                     **fields: Any) -> tuple[dict[str, Any], Trace]:
+    """Run a compiled graph — the EnvACE graph or any agent (`create_agent`, a hand-built graph with the
+    drop-ins) — recording it; the trace is appended to `store` even if the run fails. `rewards` score a
+    finished run before it is stored. `on_update(node, update)` sees each node's update as it arrives
+    (a live transcript)."""
     recorder = recorder or TraceRecorder(context=context, **fields)
     try:
         async for kind, chunk in graph.astream(graph_input, config, context=context,
@@ -164,7 +186,19 @@ async def record_run(graph: Any, graph_input: Any, *, context: Any = None, confi
         if store is not None:
             store.append(trace)
         raise
-    trace = recorder.finish()
+    trace = await score(recorder.finish(), recorder.state, rewards)
     if store is not None:
         store.append(trace)
     return recorder.state, trace
+
+
+async def record_group(graph: Any, graph_input: Callable[[], Any] | Any, *, k: int, group_id: str,
+                       rewards: Sequence[RewardFunction] = (), **kwargs: Any) -> list[Trace]:
+    """K concurrent recorded runs of one task (one GRPO group, `group_id`); a batching policy generates
+    their turns together. `graph_input` may be a function making each run's input (fresh messages)."""
+    def make() -> Any:
+        return graph_input() if callable(graph_input) else copy.deepcopy(graph_input)
+
+    runs = await asyncio.gather(*(record_run(graph, make(), group_id=group_id, rewards=rewards, **kwargs)
+                                  for _ in range(k)))
+    return [trace for _, trace in runs]

@@ -59,12 +59,30 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
     return groups_of([r for r in rows if r.old_logprobs is not None])
 
 
+def refuse_untrainable_act(traces: list[Trace]) -> None:
+    """GRPO's act role needs the logprobs each act turn was sampled with; runs whose act turns have none
+    (a foreign chat model wrote them, or teacher-forced turns recorded without scores) are refused with
+    what to do instead, rather than silently trained on one role only."""
+    bad = [t for t in traces if any(s.role == "act" and s.logprobs is None for s in t.steps)]
+    if not bad:
+        return
+    models = sorted({str(t.model) for t in bad})
+    raise UserError(f"{len(bad)} of {len(traces)} recorded runs have act turns without sampling logprobs (model: "
+                    f"{', '.join(models)}): GRPO needs the probabilities the act role sampled each token with, and a "
+                    "chat model other than this policy gives none. Put policy.as_chat_model() behind the agent and "
+                    "record again, train the rehearse role only ({\"roles\": [\"rehearse\"]}), or use these runs "
+                    "for SFT")
+
+
 class TraceGroups:
     """Groups of recorded runs (a trace's `group_id`: one task's K runs), `groups_per_step` at a time."""
 
     def __init__(self, traces: str | Path, learner: GRPOLearner) -> None:
         self.learner = learner
-        self.groups = trainable_groups(TraceStore(traces).read(), learner)
+        runs = list(TraceStore(traces).read())
+        if "act" in learner.config.roles:
+            refuse_untrainable_act(runs)
+        self.groups = trainable_groups(runs, learner)
         if not self.groups:
             raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
                             f"'{learner.config.reward}' reward")
