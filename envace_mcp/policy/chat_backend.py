@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.parsing import parse_act
 from envace_mcp.policy.prompts import ChatMessage, plain_chat, render_act
+from envace_mcp.policy.tool_text import native
 from envace_mcp.policy.types import (
     ActOutput,
     ActRequest,
@@ -57,7 +58,7 @@ class ChatModelPolicy(PromptPolicy):
         bound = None
         if self.native_tools and tools:
             try:
-                bound = self.model.bind_tools(tools)
+                bound = self.model.bind_tools(native(tools))
             except NotImplementedError:
                 bound = None
         if bound is None:

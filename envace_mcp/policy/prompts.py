@@ -21,6 +21,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
+from envace_mcp.policy.tool_text import OUTPUT_KEY, ToolFormat, compact_block, native
 from envace_mcp.policy.types import ActRequest, CritiqueRequest, RehearseRequest
 from envace_mcp.toolbox import ToolSpec
 
@@ -107,10 +108,13 @@ def compact_schema(schema: Any) -> Any:
 
 
 def tool_for_template(spec: ToolSpec) -> dict[str, Any]:
-    """The `tools=` entry of one catalog tool, schema compacted."""
-    return {"type": "function",
-            "function": {"name": spec.name, "description": spec.description,
-                         "parameters": compact_schema(spec.input_schema)}}
+    """The `tools=` entry of one catalog tool, schema compacted (its output schema rides along for the
+    compact tool text, `tool_text.OUTPUT_KEY`; `prompt_text` takes it out before a template sees it)."""
+    fn: dict[str, Any] = {"name": spec.name, "description": spec.description,
+                          "parameters": compact_schema(spec.input_schema)}
+    if spec.output_schema:
+        fn[OUTPUT_KEY] = compact_schema(spec.output_schema)
+    return {"type": "function", "function": fn}
 
 
 def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
@@ -155,21 +159,26 @@ def clip_output(text: str, limit: int = TOOL_OUTPUT_CHARS) -> str:
     return f"{head}\n[... {len(text) - len(head) - len(tail):,} characters cut: the output has {len(text):,} ...]\n{tail}"
 
 
-def tools_block(tools: list[dict[str, Any]]) -> str:
-    return TOOLS_BLOCK_HEAD + "".join("\n" + _dumps(t) for t in tools) + TOOLS_BLOCK_TAIL
+def tools_block(tools: list[dict[str, Any]], tool_format: ToolFormat = "json") -> str:
+    """The `# Tools` block: every schema as JSON (Hermes / Qwen), or one compact line per tool."""
+    if tool_format == "compact":
+        return compact_block(tools)
+    return TOOLS_BLOCK_HEAD + "".join("\n" + _dumps(t) for t in native(tools) or []) + TOOLS_BLOCK_TAIL
 
 
 def tool_call_text(name: str, arguments: Any) -> str:
     return f'<tool_call>\n{{"name": {_dumps(name)}, "arguments": {_dumps(arguments)}}}\n</tool_call>'
 
 
-def plain_chat(chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> list[ChatMessage]:
+def plain_chat(chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+               tool_format: ToolFormat = "json") -> list[ChatMessage]:
     """The same conversation for a template that knows only system/user/assistant text turns."""
     out: list[ChatMessage] = []
     messages = list(chat)
     system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else ""
     if tools:
-        system = f"{system}\n\n{tools_block(tools)}" if system else tools_block(tools)
+        block = tools_block(tools, tool_format)
+        system = f"{system}\n\n{block}" if system else block
     if system:
         out.append({"role": "system", "content": system})
     for message in messages:
@@ -197,18 +206,21 @@ def template_takes_tools(tokenizer: Any) -> bool:
 
 
 def prompt_text(tokenizer: Any, chat: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
-                enable_thinking: bool = False) -> str:
+                enable_thinking: bool = False, tool_format: ToolFormat = "json") -> str:
     """The exact prompt text a model with this tokenizer sees for a rendered chat (the one place
     prompts become text): the model's own chat template, with `tools=` where it takes them and the
-    `plain_chat` text protocol otherwise; a tokenizer with no template at all gets plain ChatML."""
+    `plain_chat` text protocol (tools as `tool_format`) otherwise; a tokenizer with no template at all
+    gets plain ChatML."""
     if not getattr(tokenizer, "chat_template", None):
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in plain_chat(chat, tools))
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+                       for m in plain_chat(chat, tools, tool_format))
         return text + "<|im_start|>assistant\n"
     kwargs = {"enable_thinking": enable_thinking}
     if template_takes_tools(tokenizer):
-        return tokenizer.apply_chat_template(chat, tools=tools or None, add_generation_prompt=True, tokenize=False,
+        return tokenizer.apply_chat_template(chat, tools=native(tools), add_generation_prompt=True, tokenize=False,
                                              **kwargs)
-    return tokenizer.apply_chat_template(plain_chat(chat, tools), add_generation_prompt=True, tokenize=False, **kwargs)
+    return tokenizer.apply_chat_template(plain_chat(chat, tools, tool_format), add_generation_prompt=True,
+                                         tokenize=False, **kwargs)
 
 
 MEMORY_HEADER = ("# Rehearsal memory\nWhat rehearsing this task showed (predicted outcomes, mismatches with "

@@ -23,6 +23,7 @@ from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, prompt_text, template_takes_tools
+from envace_mcp.policy.tool_text import ToolFormat
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
 
 
@@ -32,6 +33,8 @@ class TransformersPolicy(PromptPolicy):
     Args:
         model, tokenizer: a loaded causal LM and its tokenizer (see `from_pretrained`).
         enable_thinking: passed to chat templates that have the switch (Qwen3).
+        tool_format: how tools are written for templates without native tool support (`tool_text`):
+            "json" (what the shipped adapter was trained on) or "compact" (a third of the tokens).
         seed: seeds the per-request RNG used when a request has no seed of its own.
         max_batch_size, batch_window_s, prefix_cache_tokens, kv_budget_gb: the engine's (see `Engine`).
     """
@@ -47,6 +50,7 @@ class TransformersPolicy(PromptPolicy):
         max_batch_size: int = 16,
         batch_window_s: float = 0.01,
         enable_thinking: bool = False,
+        tool_format: ToolFormat = "json",
         seed: int = 0,
         prefix_cache_tokens: int = 32768,
         kv_budget_gb: float | Literal["auto"] | None = "auto",
@@ -58,6 +62,7 @@ class TransformersPolicy(PromptPolicy):
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.enable_thinking = enable_thinking
+        self.tool_format: ToolFormat = tool_format
         self.template_has_tools = template_takes_tools(tokenizer)
         self._rng = random.Random(seed)
 
@@ -89,7 +94,7 @@ class TransformersPolicy(PromptPolicy):
 
     def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
         """The exact prompt text the model sees."""
-        return prompt_text(self.tokenizer, chat, tools, enable_thinking=self.enable_thinking)
+        return prompt_text(self.tokenizer, chat, tools, enable_thinking=self.enable_thinking, tool_format=self.tool_format)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

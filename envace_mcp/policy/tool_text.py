@@ -1,0 +1,109 @@
+"""Tools as text for chat templates without native tool support: JSON schemas, or one line per tool.
+
+The JSON form (`"json"`) is Hermes / Qwen's `# Tools` block with every schema in full: what the
+shipped SmolLM2 adapter was trained on, ~1,240 tokens for the bank server's 9 tools. The compact form
+(`"compact"`) writes each tool as a typed signature with its result's fields —
+
+    - transfer(from_account_id: str, to_account_id: str, amount: num>0, memo?: str<=140 = "") -> {transfer_id, ...}
+      Move money between two accounts. Fails on insufficient funds or unknown accounts.
+
+— required parameters plain, optional ones with `?` and their default, enums as `"a"|"b"`, the bounds
+that reject a call. Calls are written the same way in both (`<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`), so parsing does not change. Templates that render `tools=` themselves (Qwen3)
+keep their own format: a real Qwen3 was trained on it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+ToolFormat = Literal["json", "compact"]
+
+OUTPUT_KEY = "x-envace-output"
+"""Where a tool entry carries its output schema to this module (never shown to a native template)."""
+
+COMPACT_HEAD = """\
+# Tools
+Call one as <tool_call>{"name": "tool", "arguments": {...}}</tool_call>. `arg?` = optional (= default); -> the result's fields."""
+
+
+def native(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tool entries as a chat template's `tools=` takes them (without our output-schema key)."""
+    if not tools:
+        return None
+    return [{**t, "function": {k: v for k, v in t["function"].items() if k != OUTPUT_KEY}} if "function" in t else t
+            for t in tools]
+
+
+def compact_block(tools: list[dict[str, Any]]) -> str:
+    lines = [COMPACT_HEAD]
+    seen: dict[str, str] = {}  # result fields -> the first tool returning them
+    for tool in tools:
+        fn = tool.get("function", tool)
+        fields = result_fields(fn.get(OUTPUT_KEY))
+        shown = f"same as {seen[fields]}" if fields in seen else fields
+        if fields:
+            seen.setdefault(fields, fn["name"])
+        line = f"- {signature(fn['name'], fn.get('parameters') or {})}" + (f" -> {shown}" if shown else "")
+        if fn.get("description"):
+            line += f"\n  {' '.join(str(fn['description']).split())}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def signature(name: str, parameters: dict[str, Any], output: dict[str, Any] | None = None) -> str:
+    properties = parameters.get("properties") or {}
+    required = set(parameters.get("required") or [])
+    args = []
+    for arg, schema in properties.items():
+        text = f"{arg}{'' if arg in required else '?'}: {type_text(schema)}"
+        if arg not in required and "default" in (schema or {}):
+            text += f" = {json.dumps(schema['default'], ensure_ascii=False)}"
+        args.append(text)
+    out = f"{name}({', '.join(args)})"
+    fields = result_fields(output)
+    return f"{out} -> {fields}" if fields else out
+
+
+def type_text(schema: Any) -> str:
+    """A short type: `str`, `int>=1`, `"buy"|"sell"`, `num>0|null`, `list[str]`, `{street, city}`."""
+    if not isinstance(schema, dict):
+        return "any"
+    if "enum" in schema:
+        return "|".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    if "const" in schema:
+        return json.dumps(schema["const"], ensure_ascii=False)
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return "|".join(type_text(s) for s in schema[key])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return "|".join(type_text({**schema, "type": k}) for k in kind)
+    if kind == "array":
+        return f"list[{type_text(schema.get('items', {}))}]"
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return "{" + ", ".join(props) + "}" if props else "dict"
+    base = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}.get(kind, "any")
+    return base + _bounds(schema)
+
+
+def _bounds(schema: dict[str, Any]) -> str:
+    marks = []
+    for key, mark in (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="),
+                      ("maxLength", "<=")):
+        if key in schema and not (key == "minimum" and "exclusiveMinimum" in schema):
+            marks.append(f"{mark}{schema[key]}")
+    return "".join(marks[:2])
+
+
+def result_fields(output: dict[str, Any] | None) -> str:
+    """`{a, b, items[]}`: the top-level fields a result has (arrays marked), or "" when unknown."""
+    if not isinstance(output, dict):
+        return ""
+    props = output.get("properties") or {}
+    if not props:
+        return ""
+    names = [f"{k}[]" if isinstance(v, dict) and v.get("type") == "array" else k for k, v in props.items()]
+    return "{" + ", ".join(names) + "}"
