@@ -8,7 +8,8 @@
 
     python examples/train_from_your_agent.py [--model DIR] [--tasks 2] [--k 2] [--out runs/your-agent]
 
-With the embedded model (the default) and its shipped adapter, expect minutes per task on a CPU.
+With the embedded model (the default) and its shipped adapter, expect minutes per task on a CPU; the
+GRPO step starts from the weights that recorded the runs (the same adapter), so its first ratio is 1.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from envace_mcp import Toolbox
 from envace_mcp.eval import Episode, get_suite
 from envace_mcp.graph.middleware import RehearsalMiddleware
 from envace_mcp.policy import SamplingParams, load_policy
+from envace_mcp.policy.embedded import default_adapter
 from envace_mcp.traces import TraceStore, record_run
 from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
 
@@ -63,20 +65,22 @@ async def record(policy: Any, out: Path, *, tasks: int, k: int) -> Path:
     return out / "traces"
 
 
-def train(traces: Path, out: Path, *, model: str | None, groups: int, **overrides: Any) -> list[dict[str, float]]:
-    """Step 3: one GRPO step from the recorded runs, both roles."""
-    config = GRPOConfig(model=model, steps=1, groups_per_step=groups, lr=1e-5, **overrides)
+def train(traces: Path, out: Path, *, model: str | None, adapter: str | None, groups: int,
+          **overrides: Any) -> list[dict[str, float]]:
+    """Step 3: one GRPO step from the recorded runs, both roles, from the weights that recorded them."""
+    config = GRPOConfig(model=model, adapter=adapter, steps=1, groups_per_step=groups, lr=1e-5, **overrides)
     return OfflineGRPO(config, traces, out / "grpo").run()
 
 
 def main(model: str | None = None, out: str | Path = "runs/your-agent", *, tasks: int = 2, k: int = 2,
          policy: Any = None, max_new_tokens: int = 96, **overrides: Any) -> tuple[list[Any], list[dict[str, float]]]:
     out = Path(out)
+    adapter = default_adapter(model, None)  # the embedded model's shipped adapter; none for other models
     if policy is None:
         short = SamplingParams(max_new_tokens=max_new_tokens)
-        policy = load_policy(model, role_sampling={"act": short, "rehearse": short})
+        policy = load_policy(model, adapter=adapter, role_sampling={"act": short, "rehearse": short})
     traces = anyio.run(functools.partial(record, policy, out, tasks=tasks, k=k))
-    records = train(traces, out, model=model, groups=tasks, **overrides)
+    records = train(traces, out, model=model, adapter=adapter, groups=tasks, **overrides)
     return list(TraceStore(traces).read()), records
 
 
