@@ -64,6 +64,9 @@ async def main(n: int, max_new: int, dtype: str) -> None:
     single_s, single_tokens, single, s_spent = await run(policy, batch, max_new)
     same = sum(a.completion_ids == b.completion_ids for a, b in zip(batched, single))
     prompt = sum(len(r.prompt_ids) for r in batched) / n
+    from envace_mcp.engine.model import machine
+
+    print(machine())  # the figures depend on the CPU's bf16 support and torch's threads
     print(f"embedded SmolLM2-135M ({dtype}), {n} concurrent rehearse requests, ~{prompt:.0f} prompt tokens, "
           f"<= {max_new} new tokens each")
     print(f"  one at a time : {single_s:7.2f} s  {single_tokens / single_s:7.1f} generated tok/s")

@@ -71,7 +71,11 @@ def main(ns: argparse.Namespace) -> None:
             steps.clear()
             policy.engine.generate(jobs[:rows])
             results[(name, rows)] = sum(steps[5:30]) / len(steps[5:30]) * 1000
-    print(f"embedded SmolLM2-135M ({ns.dtype}) + LoRA {'(' + ns.adapter + ')' if ns.adapter else '(random, r 16, q/k/v/o)'}: "
+    from envace_mcp.engine.model import machine
+
+    print(machine())  # the figures depend on the CPU's bf16 support and torch's threads
+    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    print(f"embedded SmolLM2-135M ({dtype}) + LoRA {'(' + ns.adapter + ')' if ns.adapter else '(random, r 16, q/k/v/o)'}: "
           f"rows share a {ns.prefix}-token prefix + 40 own tokens; mean ms per decode step (steps 5-30)")
     base16, base1 = results[(settings[0][0], 16)], results[(settings[0][0], 1)]
     for name, _, _ in settings:
@@ -82,6 +86,6 @@ def main(ns: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder (default: a random one)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU does it natively, else float32")
     parser.add_argument("--prefix", type=int, default=1500, help="shared prompt prefix length in tokens")
     main(parser.parse_args())

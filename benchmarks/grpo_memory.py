@@ -111,6 +111,9 @@ def main() -> None:
     sampler.stop.set()
     sampler.thread.join()
     gb = 1024**3
+    from envace_mcp.engine.model import machine
+
+    print(machine())  # the figures depend on the CPU's bf16 support and torch's threads
     print(f"online GRPO, embedded SmolLM2-135M fp32 + LoRA, {ns.steps} steps x 16 simulated runs, "
           f"<= {ns.max_new_tokens} new tokens per turn, prefix cache {trainer.policy.engine.prefix_cache.max_tokens} tokens, "
           f"KV budget {trainer.policy.engine.kv_budget_gb} GB, "

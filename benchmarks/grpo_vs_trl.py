@@ -159,6 +159,9 @@ def main() -> None:
         packed, _ = run_ours(data, ns.group, ns.steps, os.path.join(tmp, "packed"), share=True)
         trl, trl_tokens = run_trl(data, ns.group, ns.steps, ns.max_new_tokens, os.path.join(tmp, "trl"))
     ours_s, trl_s, packed_s = statistics.median(ours[1:]), statistics.median(trl[1:]), statistics.median(packed[1:])
+    from envace_mcp.engine.model import machine
+
+    print(machine())  # the figures depend on the CPU's bf16 support and torch's threads
     print(f"embedded SmolLM2-135M fp32, LoRA r16, {ns.prompts} groups x {ns.group} per step, prompts ~{prompt:.0f} "
           f"tokens, completions ~{completion:.0f} tokens (max {ns.max_new_tokens}), beta 0, DAPO loss, "
           f"gradient checkpointing; median of steps 2..{ns.steps}")

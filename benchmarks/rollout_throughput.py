@@ -105,7 +105,11 @@ async def main(ns) -> None:
         results[name] = await one_mode(policy, tasks, tools, ns.group, batch, ns.max_new_tokens, gate, ns.temperature,
                                        label=name)
     n = ns.tasks * ns.group
-    print(f"embedded SmolLM2-135M ({ns.dtype}{', adapter ' + ns.adapter if ns.adapter else ''}): {n} concurrent "
+    from envace_mcp.engine.model import machine
+
+    print(machine())  # the figures depend on the CPU's bf16 support and torch's threads
+    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    print(f"embedded SmolLM2-135M ({dtype}{', adapter ' + ns.adapter if ns.adapter else ''}): {n} concurrent "
           f"graph runs ({ns.tasks} bank tasks x {ns.group}), simulated mode, rehearse=all, max_steps {ns.max_steps}, "
           f"<= {ns.max_new_tokens} new tokens per turn, temperature {ns.temperature}")
     for name, r in results.items():
@@ -127,7 +131,7 @@ async def main(ns) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder (e.g. from `envace train sft`)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU does it natively, else float32")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=4)

@@ -37,7 +37,7 @@ def train_sft_command(
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
 
-    lm, tokenizer = load_model(model or embedded_model_dir(), dtype="auto")  # the checkpoint's own dtype, as transformers loads it
+    lm, tokenizer = load_model(model or embedded_model_dir(), dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
     rows = sft_rows(store.read(), encode, end, min_reward=min_reward)
     if not rows:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.types import Command
 from typing_extensions import NotRequired
 
@@ -36,8 +36,10 @@ from envace_mcp.errors import UserError
 from envace_mcp.graph import calls
 from envace_mcp.graph.dropin import ToolCallRehearsal, run_sync
 from envace_mcp.graph.gate import GateConfig, Mode
+from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import RehearsalRecord, upsert_records
 from envace_mcp.policy.base import Policy
+from envace_mcp.policy.prompts import MEMORY_HEADER
 from envace_mcp.policy.types import ToolCall
 
 try:
@@ -58,11 +60,28 @@ class RehearsalMiddleware(AgentMiddleware):
     state_schema = RehearsalState
 
     def __init__(self, policy: Policy, *, tools: list[Any] | None = None, gate: GateConfig | None = None,
-                 mode: Mode = "real", approve: Callable[[calls.ApprovalRequest], Any] | None = None) -> None:
+                 mode: Mode = "real", approve: Callable[[calls.ApprovalRequest], Any] | None = None,
+                 memory: bool = True) -> None:
         super().__init__()
         self.core = ToolCallRehearsal(policy, gate=gate, mode=mode, tools=tools, approve=approve,
                                       record_key="rehearsals")
         self.prerehearse = tools is not None
+        self.memory = memory
+        """Show the agent's model the rehearsal memory (as the EnvACE graph's act prompt does): a last
+        message on each model call, never stored in the conversation."""
+
+    def _with_memory(self, request: Any) -> Any:
+        state = request.state if isinstance(request.state, dict) else {}
+        text = render_memory(state.get("rehearsals") or []) if self.memory else None
+        if not text:
+            return request
+        return request.override(messages=[*request.messages, HumanMessage(content=MEMORY_HEADER + text.strip())])
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return handler(self._with_memory(request))
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await handler(self._with_memory(request))
 
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         if not self.prerehearse:

@@ -55,7 +55,7 @@ class GRPOLearner:
             from envace_mcp.engine.model import load_model
             from envace_mcp.policy.embedded import embedded_model_dir
 
-            model, tokenizer = load_model(config.model or embedded_model_dir(), adapter=config.adapter, dtype="auto",
+            model, tokenizer = load_model(config.model or embedded_model_dir(), adapter=config.adapter, dtype="checkpoint",
                                           trainable=True)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0

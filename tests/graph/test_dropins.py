@@ -288,3 +288,34 @@ def test_sync_create_agent_with_limit_and_retry_middleware_in_the_documented_ord
     assert "Not executed (block)" in by_id["c1"].content  # rehearsed and gated, in a sync agent
     assert by_id["c2"].status == "error" and attempts == ["x", "x"]  # over the limit: never ran, never rehearsed
     assert {r["tool"] for r in out["rehearsals"] if r.get("prediction")} == {"transfer"}
+
+
+def test_the_agents_model_sees_rehearsal_memory_as_the_graphs_act_prompt_does(bank):
+    import anyio
+    from langchain.agents import create_agent
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.policy.chat_model import PolicyChatModel
+    from envace_mcp.policy.prompts import MEMORY_HEADER, tool_call_text
+    from envace_mcp.testing import FunctionPolicy
+
+    suite, task = bank
+    savings, calls = scenario(task)
+    seen = []
+
+    def act(request):
+        seen.append(request)
+        return tool_call_text(*calls[1]) if len(seen) == 1 else "Savings must keep $500."
+
+    async def go():
+        async with Toolbox({"bank": suite.build_server()}) as toolbox:
+            tools = toolbox.langchain_tools(meta=Episode(task, "bank").meta)
+            agent = create_agent(PolicyChatModel(policy=FunctionPolicy(act=act)), tools=tools,
+                                 middleware=[RehearsalMiddleware(ScriptedPolicy(rehearse=[FAILS]), tools=tools)])
+            return await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]})
+
+    out = anyio.run(go)
+    assert len(seen) == 2 and seen[0].task == task.instruction
+    memory = seen[1].messages[-1]
+    assert memory.content.startswith(MEMORY_HEADER) and "transfer" in memory.content and "block" in memory.content
+    assert not any(str(m.content).startswith(MEMORY_HEADER) for m in out["messages"])  # never stored in the conversation
