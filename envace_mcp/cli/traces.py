@@ -142,6 +142,8 @@ def traces_reference(
     limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
     model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids and logprobs")] = None,
     logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,
+    tool_format: Annotated[Literal["json", "compact"], typer.Option(
+        help="tools in act prompts, for templates without native tools: JSON schemas or one line per tool")] = "json",
 ) -> None:
     """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
     from envace_mcp._progress import Progress
@@ -149,7 +151,7 @@ def traces_reference(
     from envace_mcp.train.reference import record_reference_traces
 
     total = len(_suite(suite).split(split))
-    policy = load_policy(model)
+    policy = load_policy(model, tool_format=tool_format)
     scores: list[float] = []
 
     def on_task(task_id: str, score: float) -> None:

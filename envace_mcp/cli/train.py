@@ -35,10 +35,12 @@ def train_sft_command(
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
+    from envace_mcp.policy.tool_text import traces_tool_format, write_adapter_format
     from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
 
     lm, tokenizer = load_model(model or embedded_model_dir(), dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
+    tool_format = traces_tool_format(store.read())
     rows = sft_rows(store.read(), encode, end, min_reward=min_reward)
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
@@ -54,6 +56,7 @@ def train_sft_command(
             progress.advance(loss=round(m["loss"], 4))
 
         train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)
+    write_adapter_format(out, tool_format)  # loading the adapter renders prompts the way it learned them
     tokenizer.save_pretrained(out)
     console.print(f"trained on {len(rows)} rows; saved to {out}")
 

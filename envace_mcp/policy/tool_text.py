@@ -16,6 +16,7 @@ keep their own format: a real Qwen3 was trained on it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 ToolFormat = Literal["json", "compact"]
@@ -107,3 +108,36 @@ def result_fields(output: dict[str, Any] | None) -> str:
         return ""
     names = [f"{k}[]" if isinstance(v, dict) and v.get("type") == "array" else k for k, v in props.items()]
     return "{" + ", ".join(names) + "}"
+
+
+FORMAT_FILE = "envace.json"
+"""Beside a LoRA adapter: the prompt format it was trained on (`{"tool_format": "compact"}`), so loading
+the adapter renders prompts the way it learned them."""
+
+
+def adapter_tool_format(adapter: str | Path | None) -> ToolFormat | None:
+    """The tool format an adapter folder says it was trained on; None when it says nothing."""
+    if adapter is None:
+        return None
+    path = Path(adapter) / FORMAT_FILE
+    try:
+        value = json.loads(path.read_text()).get("tool_format")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if value in ("json", "compact") else None
+
+
+def write_adapter_format(folder: str | Path, tool_format: ToolFormat) -> None:
+    (Path(folder) / FORMAT_FILE).write_text(json.dumps({"tool_format": tool_format}) + "\n")
+
+
+def traces_tool_format(traces: Any) -> ToolFormat:
+    """The one tool format recorded runs were rendered in (`Trace.metadata["tool_format"]`; runs recorded
+    before it was recorded are "json"); mixed formats are refused: one adapter learns one format."""
+    from envace_mcp.errors import UserError
+
+    found = {str((getattr(t, "metadata", None) or {}).get("tool_format") or "json") for t in traces}
+    if len(found) > 1:
+        raise UserError(f"the runs were recorded with different tool formats ({', '.join(sorted(found))}): "
+                        "train one adapter per format")
+    return found.pop() if found else "json"  # type: ignore[return-value]

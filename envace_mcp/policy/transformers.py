@@ -23,7 +23,7 @@ from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, prompt_text, template_takes_tools
-from envace_mcp.policy.tool_text import ToolFormat
+from envace_mcp.policy.tool_text import ToolFormat, adapter_tool_format
 from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
 
 
@@ -88,6 +88,9 @@ class TransformersPolicy(PromptPolicy):
             model = embedded_model_dir()
         lm, tokenizer = load_model(model, adapter=adapter, dtype=dtype, device=device)
         lm.eval()
+        trained_on = adapter_tool_format(adapter)
+        if trained_on is not None:  # prompts as the adapter learned them, unless told otherwise
+            kwargs.setdefault("tool_format", trained_on)
         return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
 
     # ------------------------------------------------------------------ prompts

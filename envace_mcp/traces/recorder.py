@@ -43,6 +43,11 @@ class TraceRecorder:
             policy = getattr(context, "policy", None)
             if policy is not None:
                 defaults["model"] = getattr(policy, "name", None)
+                tool_format = getattr(policy, "tool_format", None) or getattr(getattr(policy, "base", None), "tool_format", None)
+                if tool_format:  # how the act prompts rendered tools: what an adapter trained on this run learns
+                    defaults["metadata"] = {"tool_format": tool_format}
+        if "metadata" in fields:
+            fields = {**fields, "metadata": {**defaults.get("metadata", {}), **fields["metadata"]}}
         defaults.update(fields)
         self.trace = Trace(run_id=run_id or uuid.uuid4().hex, started_at=time.time(), **defaults)
         self._calls: dict[str, dict[str, Any]] = {}

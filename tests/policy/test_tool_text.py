@@ -1,10 +1,15 @@
-"""Tools as text: the compact one-line-per-tool form, and the JSON form left exactly as it was."""
+"""Tools as text: the compact one-line-per-tool form, the JSON form left exactly as it was, and the
+format travelling with traces and adapters."""
 
 import json
+
+import pytest
 
 from envace_mcp.policy.prompts import prompt_text, render_act, tool_for_template, tools_block
 from envace_mcp.policy.tool_text import OUTPUT_KEY, signature, type_text
 from envace_mcp.policy.types import ActRequest
+
+pytestmark = pytest.mark.anyio
 
 
 def test_a_signature_marks_required_optional_defaults_enums_bounds_and_result_fields():
@@ -48,3 +53,43 @@ def test_the_json_form_and_native_templates_never_see_the_output_schema_key(bank
     tokenizer.chat_template = None  # no template: the text protocol, in the chosen form
     assert "- get_balance(account_id: str)" in prompt_text(tokenizer, chat, tools, tool_format="compact")
     assert '"name": "get_balance"' in prompt_text(tokenizer, chat, tools)
+
+
+def test_the_tool_format_travels_from_traces_to_the_adapter_and_back_to_its_prompts(tiny_qwen3_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.errors import UserError
+    from envace_mcp.policy import load_policy
+    from envace_mcp.policy.tool_text import adapter_tool_format, traces_tool_format, write_adapter_format
+    from envace_mcp.traces import Trace
+
+    def run(fmt):
+        return Trace(run_id=fmt or "old", started_at=0.0, metadata={"tool_format": fmt} if fmt else {})
+
+    assert traces_tool_format([run("compact"), run("compact")]) == "compact"
+    assert traces_tool_format([run(None)]) == "json"  # recorded before the format was
+    with pytest.raises(UserError, match="different tool formats"):
+        traces_tool_format([run("compact"), run(None)])
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir), LoraConfig(r=2, target_modules=["q_proj"])
+                   ).save_pretrained(tmp_path / "adapter")
+    assert adapter_tool_format(tmp_path / "adapter") is None
+    assert load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter")).tool_format == "json"
+    write_adapter_format(tmp_path / "adapter", "compact")
+    policy = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter"))
+    assert policy.tool_format == "compact"
+    assert load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter"), tool_format="json").tool_format == "json"
+
+
+async def test_a_recorded_run_says_which_tool_format_its_prompts_used(tiny_qwen3_dir, bank_catalog):
+    from langchain_core.messages import HumanMessage
+
+    from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+    from envace_mcp.policy import SamplingParams, load_policy
+    from envace_mcp.traces import record_run
+
+    policy = load_policy(str(tiny_qwen3_dir), tool_format="compact", sampling=SamplingParams(max_new_tokens=4))
+    _, trace = await record_run(create_envace_graph().compile(), {"messages": [HumanMessage(content="hi")]},
+                                context=EnvaceContext(policy=policy, tools=bank_catalog, mode="simulated",
+                                                      gate=GateConfig(max_steps=1)), metadata={"note": "kept"})
+    assert trace.metadata == {"tool_format": "compact", "note": "kept"}
