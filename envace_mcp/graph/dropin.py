@@ -4,16 +4,14 @@ around the handler that runs the real tool (`wrap_tool_call` / `awrap_tool_call`
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langgraph.types import Command, interrupt
 
+from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
 from envace_mcp.graph.calls import Approval, Proposal, RehearsalRecord
 from envace_mcp.graph.gate import GateConfig, Mode
@@ -22,8 +20,6 @@ from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import ToolCall
 from envace_mcp.toolbox import ToolSpec
 from envace_mcp.toolbox.langchain import spec_from_tool
-
-T = TypeVar("T")
 
 
 class ToolCallRehearsal:
@@ -174,14 +170,3 @@ class ToolCallRehearsal:
         if not self.record_key or not isinstance(reply, ToolMessage):
             return reply
         return Command(update={self.messages_key: [reply], self.record_key: [record]})
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine from sync code: here if this thread runs no event loop, else in a fresh thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    context = contextvars.copy_context()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(context.run, asyncio.run, coro).result()

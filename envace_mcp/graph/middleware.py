@@ -34,7 +34,8 @@ from typing_extensions import NotRequired
 
 from envace_mcp.errors import UserError
 from envace_mcp.graph import calls
-from envace_mcp.graph.dropin import ToolCallRehearsal, run_sync
+from envace_mcp._sync import run_sync
+from envace_mcp.graph.dropin import ToolCallRehearsal
 from envace_mcp.graph.gate import GateConfig, Mode
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import RehearsalRecord, upsert_records

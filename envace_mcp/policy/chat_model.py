@@ -17,9 +17,6 @@ human message is the task, everything after it is the conversation.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +26,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field
 
+from envace_mcp._sync import run_sync
 from envace_mcp.policy.types import ActOutput, ActRequest, Generation, SamplingParams
 
 
@@ -80,21 +78,14 @@ class PolicyChatModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        coro = self._agenerate(messages, stop, **kwargs)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(coro)
-        context = contextvars.copy_context()  # this thread runs a loop: generate on a fresh one beside it
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            return pool.submit(context.run, asyncio.run, coro).result()
+        return run_sync(self._agenerate(messages, stop, **kwargs))
 
     def _message(self, generation: Generation[ActOutput]) -> AIMessage:
         parsed = generation.parsed
         calls = [c.as_langchain() for c in parsed.tool_calls]
         invalid = [{"type": "invalid_tool_call", "name": None, "args": i.snippet, "id": None, "error": i.message}
                    for i in parsed.issues if i.code == "invalid_tool_call"]
-        content = parsed.content if calls else (parsed.content or generation.text)
+        content = parsed.reply_text(generation.text)
         prompt, completion = len(generation.prompt_ids or []), len(generation.completion_ids or [])
         metadata = {"model_name": generation.model, "finish_reason": generation.finish_reason,
                     "envace": {"role": "act", "prompt_tokens": prompt, "completion_tokens": completion}}

@@ -56,6 +56,11 @@ class ActOutput(BaseModel):
     def final_answer(self) -> str | None:
         return None if self.tool_calls else self.content
 
+    def reply_text(self, raw: str) -> str:
+        """The text of the turn's AI message: the text beside the calls, or the answer (the model's raw
+        text when the parser kept none)."""
+        return self.content if self.tool_calls else (self.content or raw)
+
     @property
     def malformed(self) -> bool:
         """Some tool call in the output could not be recovered."""

@@ -34,7 +34,7 @@ async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str
     emit(runtime, "agent", generation)
     parsed = generation.parsed
     calls = [c.as_langchain() for c in parsed.tool_calls]
-    text = parsed.content if calls else (parsed.content or generation.text)
+    text = parsed.reply_text(generation.text)
     message = AIMessage(content=text, tool_calls=calls)
     update: dict[str, Any] = {"messages": [message], "steps": 1, "status": "running"}
     if calls:
