@@ -31,6 +31,11 @@ def files(tmp_path_factory):
     (root / "broken.json").write_text("{not json")
     (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
+    from envace_mcp.traces import Trace, TraceStore
+
+    mixed = TraceStore(root / "mixed")  # runs whose act prompts wrote tools in two formats
+    for fmt in ("json", "compact"):
+        mixed.append(Trace(run_id=fmt, started_at=0.0, metadata={"tool_format": fmt}))
     return root
 
 
@@ -85,6 +90,7 @@ BAD = [
     (["traces", "show", "abc", "--dir", "{f}/a-file"], "is a file"),
     (["traces", "reference", "{f}/a-file"], "is a file"),
     (["traces", "reference", "{f}/out", "--limit", "-3"], "'--limit'"),
+    (["traces", "reference", "{f}/out", "--tool-format", "yaml"], "'--tool-format'"),
     (["policy", "try", "--role", "judge"], "'--role'"),
     (["policy", "try", "--args", "[1, 2]"], "must be a JSON object"),
     (["policy", "try", "--server", "casino"], "unknown suite"),
@@ -92,6 +98,7 @@ BAD = [
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out"], "no recorded runs"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--epochs", "0"], "'--epochs'"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--lr", "0"], "'--lr'"),
+    (["train", "sft", "--traces", "{f}/mixed", "--out", "{f}/out"], "different tool formats (compact, json)"),
     (["train", "grpo", "--out", "{f}/out"], "exactly one of --traces"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "casino"], "unknown suite"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--k", "1"], "'--k'"),

@@ -29,19 +29,23 @@ def train_sft_command(
     lora_r: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 16,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
-    store = _store(traces)  # read before anything heavy is imported
-    if not any(True for _ in store.read()):
+    runs = list(_store(traces).read())  # read once, before anything heavy is imported
+    if not runs:
         _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
+    from envace_mcp.policy.tool_text import traces_tool_format, write_adapter_format
+
+    try:
+        tool_format = traces_tool_format(runs)  # mixed formats are refused before a model loads
+    except EnvaceError as exc:
+        _fail(exc)
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
-    from envace_mcp.policy.tool_text import traces_tool_format, write_adapter_format
     from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
 
     lm, tokenizer = load_model(model or embedded_model_dir(), dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
-    tool_format = traces_tool_format(store.read())
-    rows = sft_rows(store.read(), encode, end, min_reward=min_reward)
+    rows = sft_rows(runs, encode, end, min_reward=min_reward)
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
     config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
