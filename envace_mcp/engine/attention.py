@@ -17,8 +17,8 @@ the same attention, computed in two parts.
 
 Training passes (`envace_mcp.train.rows`) pack several rows into one sequence: optionally a prompt
 prefix they share, then each row's own tokens. They pass the layout as the keyword `envace_packed`
-(`PackedRows`) and the attention is computed per part — the prefix causally, each row against the
-prefix and its own earlier tokens — instead of over the whole sequence with an N×N block mask, which
+(`PackedRows`) and the attention is computed per part — the prefix causally, each part against the
+prefix, the earlier tokens it shares with another part, and its own earlier tokens — instead of over the whole sequence with an N×N block mask, which
 makes PyTorch's CPU kernels visit every masked-out block (and the mask itself is N² bytes).
 """
 
@@ -136,18 +136,21 @@ class SharedPrefixes:
 
 class PackedRows:
     """Layout of rows packed into one sequence (batch of one): positions [0, prefix) hold a prompt
-    prefix every row shares (possibly none), and each (start, end) in `spans` one row's own tokens,
-    which attend to the prefix and causally to themselves only."""
+    prefix every row shares (possibly none), and each (start, end) in `spans` one part's own tokens,
+    which attend to the prefix, to the earlier ranges in its entry of `contexts` (a prefix tree: the
+    tokens of the part it branches from, up to the branch point), and causally to themselves only."""
 
-    def __init__(self, prefix: int, spans: list[tuple[int, int]]) -> None:
+    def __init__(self, prefix: int, spans: list[tuple[int, int]],
+                 contexts: list[list[tuple[int, int]]] | None = None) -> None:
         self.prefix, self.spans = prefix, spans
-        self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self.contexts = contexts or [[] for _ in spans]
+        self._masks: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
-    def _mask(self, length: int, device: torch.device) -> torch.Tensor:  # (1, 1, length, prefix + length) bool
-        key = (length, device)
+    def _mask(self, length: int, seen: int, device: torch.device) -> torch.Tensor:  # (1, 1, length, seen + length) bool
+        key = (length, seen, device)
         if key not in self._masks:
-            mask = torch.ones((length, self.prefix + length), dtype=torch.bool, device=device)
-            mask[:, self.prefix:].tril_()  # the prefix is wholly visible, own tokens causally (lower right)
+            mask = torch.ones((length, seen + length), dtype=torch.bool, device=device)
+            mask[:, seen:].tril_()  # the prefix and context wholly visible, own tokens causally (lower right)
             self._masks[key] = mask[None, None]
         return self._masks[key]
 
@@ -166,14 +169,15 @@ class PackedRows:
 
         outs = [part(query[:, :, :p], key[:, :, :p], value[:, :, :p], None)] if p else []
         covered = p
-        for start, end in self.spans:
+        for (start, end), context in zip(self.spans, self.contexts):
             if start != covered:  # pragma: no cover - collate lays rows out back to back
                 raise ValueError(f"packed rows must be contiguous: a span starts at {start}, expected {covered}")
             q = query[:, :, start:end]
-            if p:
-                k = torch.cat([key[:, :, :p], key[:, :, start:end]], dim=2)
-                v = torch.cat([value[:, :, :p], value[:, :, start:end]], dim=2)
-                outs.append(part(q, k, v, self._mask(end - start, query.device)))
+            seen = ([(0, p)] if p else []) + list(context)
+            if seen:
+                k = torch.cat([key[:, :, a:b] for a, b in seen] + [key[:, :, start:end]], dim=2)
+                v = torch.cat([value[:, :, a:b] for a, b in seen] + [value[:, :, start:end]], dim=2)
+                outs.append(part(q, k, v, self._mask(end - start, k.shape[2] - (end - start), query.device)))
             else:
                 outs.append(part(q, key[:, :, start:end], value[:, :, start:end], None))
             covered = end

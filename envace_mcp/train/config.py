@@ -53,9 +53,14 @@ class GRPOConfig(BaseModel):
     steps: int = 10
     groups_per_step: int = 4
     """EnvACE: 16 tasks x 4 rollouts per step on 16 GPUs; 4 groups fit a CPU."""
-    micro_batch: int = 4
-    """Segments per forward pass (gradient accumulation inside one step); with `share_prefix` a
-    group's runs, in prompt order, share their system prompt, tools, task and early turns."""
+    micro_batch: int = 32
+    """At most this many segments per forward pass (gradient accumulation inside one step). With
+    `share_prefix` a pass is also cut at `micro_tokens` packed tokens, and a trajectory's turns, in
+    prompt order, nest in one sequence: each act turn's prompt repeats the last one's prompt and
+    completion, so the run costs its longest sequence, not the sum of its turns."""
+    micro_tokens: int | None = 4096
+    """With `share_prefix`: at most this many packed tokens per pass (what activation memory follows);
+    a longer single segment gets a pass of its own. None: cut by `micro_batch` only."""
     max_grad_norm: float = 1.0
     """EnvACE's grad clip."""
     seed: int = 0

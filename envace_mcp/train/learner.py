@@ -17,7 +17,8 @@ from envace_mcp.train import distributed
 from envace_mcp.train.advantages import group_key, step_advantages
 from envace_mcp.train.config import GRPOConfig
 from envace_mcp.train.grpo import grpo_loss
-from envace_mcp.train.rows import Segment, after_backward, batch_logprobs, cap_heap_blocks, collate, prefix_order
+from envace_mcp.train.rows import Segment, after_backward, batch_logprobs, cap_heap_blocks, collate, micro_batches
+from envace_mcp.train.rows import prefix_order
 from envace_mcp.train.rows import prepare_for_training
 from envace_mcp.train.sft import sft_loss
 
@@ -117,9 +118,11 @@ class GRPOLearner:
             rows, advantages = [r for r, k in zip(rows, keep.tolist()) if k], advantages[keep]
         ce_rows = [r for g in groups for r in self.ce_rows.get(group_key(g[0]), [])] if config.real_output_ce else []
         ce_tokens = distributed.reduce(float(sum(len(r.completion_ids) for r in ce_rows))) if config.real_output_ce else 0.0
-        chunks: list[_Chunk] = [_CEChunk(ce_rows[s:s + config.micro_batch]) for s in range(0, len(ce_rows), config.micro_batch)]
-        chunks += [_GRPOChunk(rows[s:s + config.micro_batch], advantages[s:s + config.micro_batch])
-                   for s in range(0, len(rows), config.micro_batch)]
+        tokens = config.micro_tokens if config.share_prefix else None
+        chunks: list[_Chunk] = [_CEChunk([ce_rows[i] for i in part]) for part in
+                                micro_batches(ce_rows, config.micro_batch, tokens)]
+        chunks += [_GRPOChunk([rows[i] for i in part], advantages[part])
+                   for part in micro_batches(rows, config.micro_batch, tokens)]
         self.engine.train()
         self.optimizer.zero_grad()
         # the same keys on every rank (their sums are all-reduced together), even on a rank with no rows
@@ -134,7 +137,7 @@ class GRPOLearner:
                 else:
                     dummy = torch.tensor([[self.pad_id, self.pad_id]], device=distributed.device())
                     (self.engine(input_ids=dummy, logits_to_keep=1).logits.sum() * 0.0).backward()
-                after_backward(config.micro_batch, config.share_prefix)
+                after_backward(len(getattr(chunk, "rows", ())), config.share_prefix)
         norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
         self.optimizer.step()
         all_rows = [r for g in groups for r in g]

@@ -57,20 +57,27 @@ def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str,
 
 @dataclass
 class Batch:
-    """A micro-batch packed into ONE sequence without padding: the prompt prefix shared by every row
-    (possibly empty), then each row's remaining prompt + completion. Each row sees the prefix and its
-    own earlier tokens only, and positions restart after the prefix for each row, so every row
-    computes exactly what it would alone; the prefix runs once for all of them."""
+    """A micro-batch packed into ONE sequence without padding, as a prefix tree of its rows' token
+    sequences (prompt + completion): the prompt prefix shared by every row (possibly empty), then
+    *parts*. A part holds one row's tokens after the point where they leave an earlier part (or the
+    shared prefix), and attends to that earlier part's tokens up to there (its `contexts`), then
+    causally to itself. A row whose whole sequence is a prefix of a part's (an act turn whose prompt
+    and completion the next turn's prompt repeats; an inline rehearsal the trajectory continues) has
+    no tokens of its own: its completion is read inside that part. Positions continue each part's
+    sequence, so every row computes exactly what it would alone; what rows share runs once — one
+    forward/backward per trajectory where its turns extend each other."""
 
-    input_ids: torch.Tensor  # [1, N] prefix, then each row's part, back to back
-    position_ids: torch.Tensor  # [1, N] 0…P-1 for the prefix, P… again for each row
+    input_ids: torch.Tensor  # [1, N] prefix, then each part, back to back
+    position_ids: torch.Tensor  # [1, N] 0…P-1 for the prefix, each part's own positions in its sequence
     positions: torch.Tensor  # [B, T] where in the packed sequence each completion token is predicted (0 = padding)
     completion_mask: torch.Tensor  # [B, T] 1 for real completion tokens (left-aligned, T = longest completion)
     targets: torch.Tensor  # [B, T] the completion tokens
     old_logprobs: torch.Tensor  # [B, T] recorded sampling logprobs (0 where padded or not recorded)
     temperature: float
     prefix_len: int = 0  # P
-    spans: list[tuple[int, int]] | None = None  # each row's [start, end) after the prefix; None = one row, plain causal
+    spans: list[tuple[int, int]] | None = None  # each part's [start, end) after the prefix; None = one row, plain causal
+    contexts: list[list[tuple[int, int]]] | None = None
+    """Per part, the [start, end) ranges of earlier parts it sees whole (beyond the prefix), in order."""
 
     def to(self, device: torch.device | str) -> "Batch":
         return replace(self, **{name: getattr(self, name).to(device) for name in
@@ -85,14 +92,31 @@ class Batch:
         n, cut = self.input_ids.shape[1], self.prefix_len
         allowed = torch.zeros((n, n), dtype=torch.bool, device=self.input_ids.device)
         allowed[:cut, :cut] = True
-        for start, end in self.spans:
+        for i, (start, end) in enumerate(self.spans):
             allowed[start:end, :cut] = True
+            for a, b in (self.contexts or [[]] * len(self.spans))[i]:
+                allowed[start:end, a:b] = True
             allowed[start:end, start:end] = True
         return allowed.tril_()[None, None]
 
 
 MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are not worth sharing."""
+
+
+def common_prefix(a: list[int], b: list[int], start: int = 0) -> int:
+    """Length of the longest common prefix of `a` and `b` (known to agree before `start`): a binary
+    search on slice equality, which runs in C."""
+    lo, hi = start, min(len(a), len(b))
+    if a[lo:hi] == b[lo:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def shared_prefix_length(rows: list[Segment]) -> int:
@@ -102,9 +126,9 @@ def shared_prefix_length(rows: list[Segment]) -> int:
         return 0
     first = rows[0].prompt_ids
     limit = min(len(r.prompt_ids) for r in rows) - 1
-    n = 0
-    while n < limit and all(r.prompt_ids[n] == first[n] for r in rows):
-        n += 1
+    n = limit
+    for r in rows[1:]:
+        n = common_prefix(first, r.prompt_ids[:limit]) if n == limit else common_prefix(first[:n], r.prompt_ids[:n])
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
@@ -114,22 +138,78 @@ def prefix_order(rows: list[Segment]) -> list[int]:
     return sorted(range(len(rows)), key=lambda i: rows[i].prompt_ids)
 
 
-def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False) -> Batch:
-    """Pack `rows` into one sequence; only completion tokens are read by the loss (prompt, tool output
-    and padding never are). `share_prefix`: the prompt tokens common to all rows appear once.
-    (`pad_id` is kept for callers; packing needs no padding tokens.)"""
-    cut = shared_prefix_length(rows) if share_prefix else 0
+@dataclass
+class _Part:
+    tokens: list[int]  # the whole sequence this part completes (the row that made it)
+    ranges: list[tuple[int, int]]  # packed ranges holding tokens[0:len(tokens)], in order
+
+    def index(self, v: int) -> int:
+        """Where virtual position `v` of this part's sequence sits in the packed sequence."""
+        for a, b in self.ranges:
+            if v < b - a:
+                return a + v
+            v -= b - a
+        raise IndexError(v)
+
+    def head(self, n: int) -> list[tuple[int, int]]:
+        """The packed ranges holding this part's first `n` tokens."""
+        out = []
+        for a, b in self.ranges:
+            if n <= 0:
+                break
+            out.append((a, min(b, a + n)))
+            n -= b - a
+        return out
+
+
+def _tree(rows: list[Segment], cut: int) -> tuple[list[int], list[int], list[_Part], list[_Part]]:
+    """Lay `rows` out as a prefix tree after a shared prefix of `cut` tokens: packed ids, their
+    positions, the parts in packed order, and the part each row's completion is read in."""
     ids: list[int] = list(rows[0].prompt_ids[:cut])
     position: list[int] = list(range(cut))
-    spans, predict = [], []
-    for row in rows:
-        part = (row.prompt_ids + row.completion_ids)[cut:]
+    parts: list[_Part] = []
+    home: list[_Part | None] = [None] * len(rows)
+    sequences = [r.prompt_ids + r.completion_ids for r in rows]
+    for i in sorted(range(len(rows)), key=lambda i: -len(sequences[i])):  # containers before what they contain
+        seq = sequences[i]
+        best, shared = None, cut
+        for part in parts:
+            n = common_prefix(part.tokens, seq, cut)
+            if n > shared:
+                best, shared = part, n
+        if best is not None and shared == len(seq):  # wholly inside an earlier part
+            home[i] = best
+            continue
+        if best is None or shared - cut < MIN_SHARED_PREFIX:
+            best, shared = None, cut
+        context = best.head(shared) if best is not None else ([(0, cut)] if cut else [])
         start = len(ids)
-        ids += part
-        position += range(cut, cut + len(part))
-        spans.append((start, len(ids)))
-        first = start + len(row.prompt_ids) - cut - 1  # the position whose logits predict completion token 0
-        predict.append(list(range(first, first + len(row.completion_ids))))
+        ids += seq[shared:]
+        position += range(shared, len(seq))
+        home[i] = _Part(seq, context + [(start, len(ids))])
+        parts.append(home[i])
+    return ids, position, parts, home  # type: ignore[return-value]
+
+
+def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False) -> Batch:
+    """Pack `rows` into one sequence; only completion tokens are read by the loss (prompt, tool output
+    and padding never are). `share_prefix`: tokens rows have in common appear once — the prompt
+    prefix common to all of them, and each row's tokens up to where it leaves another (a prefix tree,
+    see `Batch`); without it every row is its own part. (`pad_id` is kept for callers; packing needs
+    no padding tokens.)"""
+    cut = shared_prefix_length(rows) if share_prefix else 0
+    if share_prefix:
+        ids, position, parts, home = _tree(rows, cut)
+    else:
+        ids, position, parts, home = [], [], [], []
+        for row in rows:
+            seq = row.prompt_ids + row.completion_ids
+            home.append(_Part(seq, [(len(ids), len(ids) + len(seq))]))
+            parts.append(home[-1])
+            ids += seq
+            position += range(len(seq))
+    spans = [part.ranges[-1] for part in parts]
+    contexts = [[r for r in part.ranges[:-1] if r != (0, cut)] for part in parts]
     width = max(len(r.completion_ids) for r in rows)
     positions = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T]
     completion = torch.zeros((len(rows), width))  # [B, T]
@@ -137,16 +217,42 @@ def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False)
     old = torch.zeros((len(rows), width))  # [B, T]
     for i, row in enumerate(rows):
         k = len(row.completion_ids)
-        positions[i, :k] = torch.tensor(predict[i])
+        first = len(row.prompt_ids) - 1  # the position whose logits predict completion token 0
+        positions[i, :k] = torch.tensor([home[i].index(v) for v in range(first, first + k)])
         completion[i, :k] = 1
         targets[i, :k] = torch.tensor(row.completion_ids)
         if row.old_logprobs is not None:
             old[i, :k] = torch.tensor(row.old_logprobs)
     temperatures = {r.temperature for r in rows}
+    packed = len(parts) > 1 or cut > 0
     return Batch(input_ids=torch.tensor([ids]), position_ids=torch.tensor([position]), positions=positions,
                  completion_mask=completion, targets=targets, old_logprobs=old,
                  temperature=temperatures.pop() if len(temperatures) == 1 else 1.0, prefix_len=cut,
-                 spans=spans if len(rows) > 1 or cut else None)
+                 spans=spans if packed else None, contexts=contexts if packed else None)
+
+
+def micro_batches(rows: list[Segment], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Rows (in the order given: prompt order keeps a run's turns together) cut into passes of at most
+    `max_rows` rows (0 = no limit) and, with `max_tokens`, at most that many packed tokens — counted as
+    `collate(share_prefix=True)` lays them out, so a trajectory whose turns extend each other costs its
+    longest sequence, not the sum. A row longer than `max_tokens` gets a pass of its own."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    previous: list[int] = []
+    for i, row in enumerate(rows):
+        seq = row.prompt_ids + row.completion_ids
+        new = len(seq) - (common_prefix(previous, seq) if current else 0)
+        full = (max_rows and len(current) >= max_rows) or (max_tokens and current and tokens + new > max_tokens)
+        if full:
+            out.append(current)
+            current, tokens, new = [], 0, len(seq)
+        current.append(i)
+        tokens += new
+        previous = seq
+    if current:
+        out.append(current)
+    return out
 
 
 def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, T, V]
@@ -157,7 +263,7 @@ def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B,
         mask = None
     elif _takes_packed_rows(model):  # each part attended on its own, no N×N mask
         mask = torch.ones_like(batch.input_ids, dtype=torch.bool)  # no padding (and no "packed" guess from positions)
-        extra[PACKED_KW] = PackedRows(batch.prefix_len, batch.spans)
+        extra[PACKED_KW] = PackedRows(batch.prefix_len, batch.spans, batch.contexts)
     else:
         mask = batch.attention_mask
     logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,

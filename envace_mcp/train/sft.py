@@ -26,6 +26,7 @@ from envace_mcp.train.rows import (
     cap_heap_blocks,
     collate,
     forward_logits,
+    micro_batches,
     prefix_order,
     prepare_for_training,
 )
@@ -96,11 +97,14 @@ class SFTConfig:
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     seed: int = 0
     max_grad_norm: float = 1.0
-    micro_batch: int = 4
-    """Rows per forward pass (gradients accumulate over the batch); 0 = the whole batch. Packing 16
-    rows of ~2k-token prompts in one pass peaked at 8.5-10 GB RSS (32-48 bank rows, bf16); 4 per
-    pass: 3.2 GB and faster (216 vs 262 s on 32 rows) — attention over a longer packed sequence costs
-    more than the prefix it saves."""
+    micro_batch: int = 32
+    """At most this many rows per forward pass (gradients accumulate over the batch); 0 = no limit.
+    With `share_prefix` passes are also cut at `micro_tokens` packed tokens."""
+    micro_tokens: int | None = 4096
+    """With `share_prefix`: at most this many packed tokens per pass. Rows are packed as a prefix tree
+    (`rows.Batch`): a run's turns nest in one sequence where each prompt repeats the last turn's, so a
+    pass holds whole trajectories. Cutting by rows instead (16 rows of ~2k-token prompts unshared) peaked
+    at 8.5-10 GB RSS; memory follows packed tokens."""
     share_prefix: bool = True
     """Pack each micro-batch into one sequence with the prompt prefix its rows share once (exact):
     batches are cut in prompt order, so 16 rows share the system prompt + tool schemas and often the
@@ -161,14 +165,14 @@ def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *
             optimizer.zero_grad()
             targets = sum(len(r.completion_ids) for r in chunk)
             loss = torch.zeros(())
-            micro = config.micro_batch or len(chunk)
-            for start in range(0, len(chunk), micro):  # mean over the batch's target tokens
-                part = chunk[start:start + micro]
+            passes = micro_batches(chunk, config.micro_batch, config.micro_tokens if config.share_prefix else None)
+            for indices_of_pass in passes:  # mean over the batch's target tokens
+                part = [chunk[i] for i in indices_of_pass]
                 weight = sum(len(r.completion_ids) for r in part) / targets
                 piece = sft_loss(model, part, pad_id, share_prefix=config.share_prefix, bf16=config.bf16) * weight
                 piece.backward()
                 loss = loss + piece.detach().float()
-                after_backward(micro, config.share_prefix)
+                after_backward(len(part), config.share_prefix)
             norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
             optimizer.step()
             step += 1

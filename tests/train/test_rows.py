@@ -158,3 +158,77 @@ def test_capping_heap_blocks_hands_freed_activations_back_to_the_os():
     assert out["default"][0] is False and out["cap"][0] is True
     assert out["default"][1] > 300  # glibc kept the 400 MB of freed 10 MB blocks
     assert out["cap"][1] < 50  # each had its own mmap, returned when freed
+
+
+def _trajectory_rows():
+    """The fixtures' act and rehearse rows, plus a turn whose prompt repeats the first row's prompt and
+    completion (how a trajectory's next turn extends the last one): it must nest, not be re-read."""
+    from dataclasses import replace
+
+    rows = segments(TraceStore(FIXTURES).read())
+    first, second = rows[0], rows[1]
+    later = replace(first, prompt_ids=first.prompt_ids + first.completion_ids + second.prompt_ids[:40],
+                    completion_ids=second.completion_ids[:20], old_logprobs=second.old_logprobs[:20])
+    return rows + [later]
+
+
+@pytest.mark.parametrize("lora,parts", [(False, True), (True, True), (False, False)])
+def test_a_prefix_tree_pass_equals_every_row_alone_for_both_roles(tmp_path, lora, parts):
+    """One forward/backward over a tree of a group's rows (turns nested in the turns that repeat them,
+    branches sharing the tokens up to where they differ): each row's logprobs and the summed gradients
+    equal those of every row run alone, act and rehearse rows alike — through our part-by-part
+    attention and through a block mask."""
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.rows import prepare_for_training
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    if parts:
+        prepare_for_training(model, gradient_checkpointing=True)
+    rows = _trajectory_rows()
+    assert {r.role for r in rows} == {"act", "rehearse"}
+    batch = collate(rows, share_prefix=True)
+    unshared = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    assert batch.input_ids.numel() < 0.3 * unshared
+    assert len(batch.spans) < len(rows)  # the extending turn has no tokens of its own
+    assert any(batch.contexts)  # some part branches off another
+    params = [p for p in model.parameters() if p.requires_grad]
+    logp = batch_logprobs(model, batch)
+    weights = torch.linspace(0.5, 1.5, len(rows))[:, None]  # per-row "advantages": the rows must not mix
+    grads = torch.autograd.grad(-(logp * batch.completion_mask * weights).sum(), params)
+    alone_grads = [torch.zeros_like(p) for p in params]
+    for i, row in enumerate(rows):
+        one = batch_logprobs(model, collate([row]))[0]
+        k = len(row.completion_ids)
+        assert torch.allclose(logp[i, :k], one[:k], atol=1e-5), row.role
+        for total, g in zip(alone_grads, torch.autograd.grad(-one[:k].sum() * weights[i, 0], params)):
+            total += g
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(grads, alone_grads))
+
+
+def test_micro_batches_count_a_trajectory_once_and_keep_to_their_token_budget():
+    from envace_mcp.train.rows import micro_batches
+
+    rows = _trajectory_rows()
+    ordered = [rows[i] for i in prefix_order_of(rows)]
+    longest = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    assert micro_batches(ordered, 0, None) == [list(range(len(rows)))]
+    assert micro_batches(ordered, 3, None) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]][: (len(rows) + 2) // 3]
+    for budget in (longest, 2 * longest, 4 * longest):
+        passes = micro_batches(ordered, 0, budget)
+        assert sorted(i for p in passes for i in p) == list(range(len(rows)))
+        for p in passes:
+            packed = collate([ordered[i] for i in p], share_prefix=True).input_ids.numel()
+            assert len(p) == 1 or packed <= budget * 1.05, (budget, packed)
+    assert len(micro_batches(ordered, 0, 1)) == len(rows)  # every row alone when nothing fits
+
+
+def prefix_order_of(rows):
+    from envace_mcp.train.rows import prefix_order
+
+    return prefix_order(rows)
