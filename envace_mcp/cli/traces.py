@@ -144,6 +144,8 @@ def traces_reference(
     logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,
     tool_format: Annotated[Literal["json", "compact"], typer.Option(
         help="tools in act prompts, for templates without native tools: JSON schemas or one line per tool")] = "json",
+    rehearse_format: Annotated[Literal["simulator", "inline"], typer.Option(
+        help="rehearse prompts: EnvACE's fresh simulator chat, or the act context continued with the tool's reply")] = "simulator",
 ) -> None:
     """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
     from envace_mcp._progress import Progress
@@ -151,7 +153,7 @@ def traces_reference(
     from envace_mcp.train.reference import record_reference_traces
 
     total = len(_suite(suite).split(split))
-    policy = load_policy(model, tool_format=tool_format)
+    policy = load_policy(model, tool_format=tool_format, rehearse_format=rehearse_format)
     scores: list[float] = []
 
     def on_task(task_id: str, score: float) -> None:

@@ -33,10 +33,11 @@ def train_sft_command(
     runs = list(_store(traces).read())  # read once, before anything heavy is imported
     if not runs:
         _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
-    from envace_mcp.policy.tool_text import traces_tool_format, write_adapter_format
+    from envace_mcp.policy.tool_text import traces_rehearse_format, traces_tool_format, write_adapter_format
 
     try:
         tool_format = traces_tool_format(runs)  # mixed formats are refused before a model loads
+        rehearse_format = traces_rehearse_format(runs)
     except EnvaceError as exc:
         _fail(exc)
     from envace_mcp._progress import Progress
@@ -62,7 +63,7 @@ def train_sft_command(
             progress.advance(loss=round(m["loss"], 4))
 
         train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)
-    write_adapter_format(out, tool_format)  # loading the adapter renders prompts the way it learned them
+    write_adapter_format(out, tool_format, rehearse_format)  # loading the adapter renders prompts the way it learned them
     tokenizer.save_pretrained(out)
     console.print(f"trained on {len(rows)} rows; saved to {out}")
 

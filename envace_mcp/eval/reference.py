@@ -16,17 +16,20 @@ from typing import Any
 from langchain_core.messages import AIMessage
 
 from envace_mcp.eval.suites import Suite
-from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.prompts import tool_call_text, tool_reply_text
 from envace_mcp.policy.types import ActRequest, RehearseRequest
 from envace_mcp.servers._common import Task
 
 
-def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
-                    actions: list[Any] | None = None) -> dict[str, Callable[[Any], str]]:
+def reference_roles(suite: Suite, task: Task, *, answer: str | None = None, actions: list[Any] | None = None,
+                    rehearse_format: str = "simulator") -> dict[str, Callable[[Any], str]]:
+    """`rehearse_format` "inline": the rehearse function returns the tool's reply as the server writes
+    it (`prompts.tool_reply_text`), the content of the tool turn the model continues with."""
     steps = list(task.actions if actions is None else actions)
+    inline = rehearse_format == "inline"
 
     if answer is None and actions is None and hasattr(suite, "reference_act"):  # multi-turn suites
-        return {"act": suite.reference_act(task), "rehearse": _rehearse(suite, task, steps)}
+        return {"act": suite.reference_act(task), "rehearse": _rehearse(suite, task, steps, inline)}
 
     def act(request: ActRequest) -> str:
         done = sum(1 for m in request.messages if isinstance(m, AIMessage) and m.tool_calls)
@@ -35,13 +38,15 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None,
             return tool_call_text(action.tool, action.arguments)
         return task.answer if answer is None else answer
 
-    return {"act": act, "rehearse": _rehearse(suite, task, steps)}
+    return {"act": act, "rehearse": _rehearse(suite, task, steps, inline)}
 
 
-def _rehearse(suite: Suite, task: Task, steps: list[Any]) -> Callable[[Any], str]:
+def _rehearse(suite: Suite, task: Task, steps: list[Any], inline: bool = False) -> Callable[[Any], str]:
     def rehearse(request: RehearseRequest) -> str:
         done = sum(1 for m in request.history if isinstance(m, AIMessage) and m.tool_calls)
         result = suite.reference_result(task, steps[:done], request.call.name, dict(request.call.arguments))
+        if inline:
+            return tool_reply_text(request.call.name, result)
         return f"<execution_result>{json.dumps(result, ensure_ascii=False)}</execution_result>"
 
     return rehearse

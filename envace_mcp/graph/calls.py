@@ -27,7 +27,7 @@ from envace_mcp.graph.gate import Decision, GateConfig, Mode, decide, should_reh
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.fidelity import compare
 from envace_mcp.policy.prompts import tool_call_text
-from envace_mcp.policy.types import Example, Generation, Prediction, RehearseRequest, SamplingParams, ToolCall
+from envace_mcp.policy.types import ActRequest, Example, Generation, Prediction, RehearseRequest, SamplingParams, ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
 
 
@@ -141,15 +141,18 @@ async def rehearse(
     examples: list[Example] | None = None,
     sampling: SamplingParams | None = None,
     budget: int | None = None,
+    context: ActRequest | None = None,
 ) -> tuple[list[Proposal], list[Generation[Prediction] | None]]:
     """Predict the outcome of every call the gate's rule rehearses, concurrently (a batching backend
     generates them together), at most `budget` of them. Returns the proposals with their predictions
-    and each one's generation (`None`: not rehearsed), for trace recorders."""
+    and each one's generation (`None`: not rehearsed), for trace recorders. `context`: the act request
+    of the turn that proposed the calls (what an inline rehearsal continues)."""
     picked = [i for i, p in enumerate(items) if should_rehearse(p.spec, mode, config)]
     if budget is not None:
         picked = picked[: max(budget, 0)]
     requests = [RehearseRequest(call=items[i].call, tool=items[i].spec, allowed=catalog, history=history,
-                                act_message=act_message, examples=list(examples or [])) for i in picked]
+                                act_message=act_message, examples=list(examples or []), context=context)
+                for i in picked]
     generations = await asyncio.gather(*(policy.rehearse(r, sampling) for r in requests))
     out: list[Generation[Prediction] | None] = [None] * len(items)
     done = list(items)
@@ -225,11 +228,13 @@ def simulated_reply(call: ToolCall, prediction: Prediction | None) -> ToolMessag
     """The rehearsal standing in for the tool (simulated and mixed modes)."""
     if prediction is None:
         return reply(call, "Error: no rehearsal was available to simulate this call (rehearsal budget spent)", "error")
-    if prediction.status == "result":
-        return reply(call, json.dumps(prediction.result, ensure_ascii=False), "success", prediction.model_dump())
+    if prediction.status == "result":  # an inline rehearsal's own text: the trajectory continues its tokens
+        return reply(call, prediction.text if prediction.text is not None else json.dumps(prediction.result, ensure_ascii=False),
+                     "success", prediction.model_dump())
     if prediction.status == "tool_error":
-        return reply(call, json.dumps(prediction.result or {"error_tool_call": {"code": prediction.code}},
-                                      ensure_ascii=False), "error", prediction.model_dump())
+        text = prediction.text if prediction.text is not None else json.dumps(
+            prediction.result or {"error_tool_call": {"code": prediction.code}}, ensure_ascii=False)
+        return reply(call, text, "error", prediction.model_dump())
     return reply(call, f"Error: the simulated tool failed ({prediction.code}: {prediction.message})", "error",
                  prediction.model_dump())
 

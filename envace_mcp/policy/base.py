@@ -5,8 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Protocol, runtime_checkable
 
-from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction
-from envace_mcp.policy.prompts import ChatMessage, render_act, render_critique, render_rehearse
+from envace_mcp.errors import UserError
+from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction, parse_tool_turn
+from envace_mcp.policy.prompts import ChatMessage, render_act, render_critique, render_inline, render_rehearse
 from envace_mcp.policy.types import (
     ActOutput,
     ActRequest,
@@ -15,6 +16,7 @@ from envace_mcp.policy.types import (
     Generation,
     Prediction,
     RawCompletion,
+    RehearseFormat,
     RehearseRequest,
     Role,
     SamplingParams,
@@ -43,10 +45,12 @@ class Policy(Protocol):
 class PromptPolicy(ABC):
     """Renders each role's prompt, asks the backend for a completion, parses it.
 
-    Subclasses implement `_complete`; sampling defaults can differ per role (`role_sampling`).
+    Subclasses implement `_complete` (and `_continue`, for inline rehearsal); sampling defaults can
+    differ per role (`role_sampling`). `rehearse_format` picks the rehearse prompt (`RehearseFormat`).
     """
 
     name: str = "policy"
+    rehearse_format: RehearseFormat = "simulator"
 
     def __init__(self, *, sampling: SamplingParams | None = None, role_sampling: dict[Role, SamplingParams] | None = None):
         self.sampling = sampling or SamplingParams()
@@ -54,7 +58,7 @@ class PromptPolicy(ABC):
 
     def _sampling(self, role: Role, override: SamplingParams | None) -> SamplingParams:
         chosen = override or self.role_sampling.get(role) or self.sampling
-        if role == "rehearse" and not set(REHEARSE_STOP) <= set(chosen.stop):
+        if role == "rehearse" and self.rehearse_format == "simulator" and not set(REHEARSE_STOP) <= set(chosen.stop):
             chosen = chosen.model_copy(update={"stop": tuple(chosen.stop) + REHEARSE_STOP})
         return chosen
 
@@ -62,6 +66,14 @@ class PromptPolicy(ABC):
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
         """One completion of a rendered chat (with `tools=` for the act role)."""
+
+    async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+        """A completion that continues a chat rendered up to `prompts.TOOL_TURN_SLOT` (inline rehearsal),
+        and the text that closes that turn (`prompts.inline_prompt`). Backends that only complete whole
+        chats (chat-model APIs) cannot."""
+        raise UserError(f"{type(self).__name__} cannot continue a rendered prompt, which inline rehearsal needs: "
+                        "use rehearse_format='simulator'")
 
     def _generation(self, role: Role, raw: RawCompletion, parsed: Any, sampling: SamplingParams) -> Generation[Any]:
         return Generation(role=role, text=raw.text, parsed=parsed, sampling=sampling, model=self.name,
@@ -76,8 +88,14 @@ class PromptPolicy(ABC):
 
     async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
         s = self._sampling("rehearse", sampling)
+        if self.rehearse_format == "inline":
+            chat, tools = render_inline(request)
+            raw, close = await self._continue("rehearse", chat, tools, s)
+            generation = self._generation("rehearse", raw, parse_tool_turn(raw.text, request.call, request.tool, close), s)
+            return generation.model_copy(update={"prompt_format": "inline", "turn_close": close})
         raw = await self._complete("rehearse", render_rehearse(request), None, s)
-        return self._generation("rehearse", raw, parse_prediction(raw.text, request.call, request.tool), s)
+        generation = self._generation("rehearse", raw, parse_prediction(raw.text, request.call, request.tool), s)
+        return generation.model_copy(update={"prompt_format": "simulator"})
 
     def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
         """This policy's act role as a LangChain chat model (`PolicyChatModel`), for any agent: its

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envace_mcp.policy.base import PromptPolicy
-from envace_mcp.policy.prompts import ChatMessage
+from envace_mcp.policy.prompts import ChatMessage, inline_prompt
 from envace_mcp.policy.types import (
     ActRequest,
     CritiqueRequest,
@@ -42,6 +42,8 @@ class ForcedPolicy(PromptPolicy):
         self.name = name or f"{base.name} (forced)"
         self.score = score
         """False: token ids only, no forward pass (SFT needs no logprobs; offline GRPO does)."""
+        self.rehearse_format = getattr(base, "rehearse_format", "simulator")
+        """As the base renders it; an inline rehearse function returns the tool reply's content."""
 
     async def _answer(self, role: Role, request: Any, sampling: SamplingParams | None) -> Generation[Any]:
         fn = self.functions[role]
@@ -53,6 +55,11 @@ class ForcedPolicy(PromptPolicy):
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
         return self.base.force(self.base.render(chat, tools), _TEXT.get(), sampling.temperature or 1.0, score=self.score)
+
+    async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+        prompt, close = inline_prompt(self.base.render(chat, tools), self.base.end_texts)
+        return self.base.force(prompt, _TEXT.get() + close, sampling.temperature or 1.0, score=self.score), close
 
     async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[Any]:
         return await self._answer("act", request, sampling)

@@ -8,7 +8,8 @@ Several calls, trailing text, thinking blocks, code fences and minor JSON damage
 Python literals, single quotes, missing closing braces, junk after the object) are handled; what
 was repaired is reported, what cannot be repaired becomes an `invalid_tool_call` issue.
 
-Rehearse output is EnvACE's `<execution_result>JSON</execution_result>`.
+Rehearse output is EnvACE's `<execution_result>JSON</execution_result>` (the simulator format), or the
+tool's reply itself as a tool message would hold it (the inline format, `parse_tool_turn`).
 """
 
 from __future__ import annotations
@@ -236,6 +237,37 @@ def parse_prediction(text: str, call: ToolCall, tool: ToolSpec | None) -> Predic
                             f"field '{first['field']}': {first['message']}" if first["field"] else first["message"],
                             result=value, repaired=repaired)
     return Prediction(tool=call.name, arguments=call.arguments, status="result", result=value, repaired=repaired)
+
+
+def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str = "") -> Prediction:
+    """An inline rehearsal (the tool's reply, as the model continued the act context) as a typed
+    prediction. The reply is what a server's tool message holds: JSON for structured results, and for
+    failures the server's error text (`Error executing tool …`) — there is no status bit in the text a
+    model sees, so prose from a tool that returns structured results, or prose starting with "Error",
+    is a predicted tool error. `close` is the template's end of the tool turn (cut off when present)."""
+    _, body, _ = _split_thinking(text or "")
+    marker = close.strip()
+    if marker and marker in body:
+        body = body[: body.index(marker)]
+    body = body.strip()
+    if not body:
+        return _invalid(call, "EMPTY_OUTPUT", "the rehearsal produced no text")
+    prediction = None
+    if body[0] in "{[":
+        try:
+            value, repaired = loads_lenient(body)
+        except ValueError as exc:
+            return _invalid(call, "INVALID_JSON", f"the tool reply is not JSON: {exc}")
+        # the same checks as the simulator format, on the same value
+        prediction = parse_prediction(f"{_RESULT_OPEN}{json.dumps(value, ensure_ascii=False)}{_RESULT_CLOSE}", call, tool)
+        prediction = prediction.model_copy(update={"repaired": prediction.repaired or repaired})
+    elif body.lower().startswith(("error", "invalid arguments")) or (tool is not None and tool.output_schema):
+        message = body.split(":", 1)[1].strip() if body.lower().startswith("error executing tool") and ":" in body else body
+        prediction = Prediction(tool=call.name, arguments=call.arguments, status="tool_error", code="EXECUTION_ERROR",
+                                message=message, result={"error_tool_call": {"code": "EXECUTION_ERROR", "message": message}})
+    else:  # a tool without an output schema may answer in prose (τ²'s `transfer_to_human_agents`)
+        prediction = Prediction(tool=call.name, arguments=call.arguments, status="result", result=body)
+    return prediction.model_copy(update={"text": body})
 
 
 _VERDICT = re.compile(r"verdict\s*[:=]\s*\**\s*(success|succeeded|pass(?:ed)?|failure|failed|fail)", re.I)

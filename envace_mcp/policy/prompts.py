@@ -289,6 +289,65 @@ def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
     return [{"role": "system", "content": SIMULATOR_SYSTEM}, {"role": "user", "content": user}]
 
 
+TOOL_TURN_SLOT = "\u2063envace:tool-turn\u2063"
+"""Stands in for the tool's reply when an inline rehearse prompt is rendered; the prompt is the
+rendered text up to it, and what the template writes after it (up to the end of the turn) closes the
+turn the model then writes (`inline_prompt`)."""
+
+
+def inline_context(request: RehearseRequest) -> ActRequest:
+    """The act request an inline rehearsal continues: the turn's own (`request.context`), or one
+    derived from the history (drop-ins: the first human message is the task)."""
+    if request.context is not None:
+        return request.context
+    messages = list(request.history)
+    for i, message in enumerate(messages):
+        if isinstance(message, HumanMessage):
+            return ActRequest(task=_text(message.content), messages=messages[i + 1:], tools=list(request.allowed))
+    return ActRequest(task="", messages=messages, tools=list(request.allowed))
+
+
+def render_inline(request: RehearseRequest) -> tuple[list[ChatMessage], list[dict[str, Any]]]:
+    """Chat messages and `tools=` for an inline rehearsal: the act role's prompt of the turn (system,
+    tools with their result fields, task, conversation, memory), the proposing assistant turn, and the
+    tool's reply as `TOOL_TURN_SLOT`. Rendered and cut at the slot, it is the act prompt + the call the
+    act role wrote — already in the prefix cache — and the model continues with the tool's response.
+
+    A turn that proposed several calls is shown with only the call being rehearsed (each call's reply is
+    rehearsed alone, concurrently)."""
+    context = inline_context(request)
+    chat, tools = render_act(context)
+    call = request.call
+    text = request.act_message.split("<tool_call>")[0].rstrip("\n") if request.act_message else ""
+    turn = AIMessage(content=text, tool_calls=[{"name": call.name, "args": call.arguments if isinstance(call.arguments, dict)
+                                                 else {"__raw__": call.arguments}, "id": call.id, "type": "tool_call"}])
+    chat += to_chat([turn, ToolMessage(content=TOOL_TURN_SLOT, tool_call_id=call.id, name=call.name)])
+    return chat, tools
+
+
+def inline_prompt(rendered: str, ends: tuple[str, ...] = ("<|im_end|>",)) -> tuple[str, str]:
+    """An inline rehearse prompt rendered with `TOOL_TURN_SLOT`: (the prompt, the text that closes the
+    tool's turn after its content, up to the first end-of-turn marker in `ends`, e.g.
+    `"\\n</tool_response>"`)."""
+    prompt, found, after = rendered.partition(TOOL_TURN_SLOT)
+    if not found:
+        raise ValueError("the chat template dropped the tool message (it renders no tool turns)")
+    cut = min((i for i in (after.find(e) for e in ends if e) if i >= 0), default=len(after))
+    return prompt, after[:cut]
+
+
+def tool_reply_text(tool: str, value: Any) -> str:
+    """A result as an MCP server sends it in a tool message: JSON indented by 2 for structured results
+    (FastMCP's serialisation), an error as `Error executing tool <name>: <message>`. For reference
+    rehearsals in the inline format, which must read like the real replies they stand for."""
+    if isinstance(value, dict) and "error_tool_call" in value:
+        error = value["error_tool_call"] if isinstance(value["error_tool_call"], dict) else {}
+        return f"Error executing tool {tool}: {error.get('message') or error.get('details') or 'error'}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, indent=2)
+
+
 def render_critique(request: CritiqueRequest) -> list[ChatMessage]:
     earlier = "\n\n".join(f"Review {i}:\n{c}" for i, c in enumerate(request.earlier, 1)) or "<none>"
     user = (

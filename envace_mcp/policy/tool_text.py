@@ -111,24 +111,44 @@ def result_fields(output: dict[str, Any] | None) -> str:
 
 
 FORMAT_FILE = "envace.json"
-"""Beside a LoRA adapter: the prompt format it was trained on (`{"tool_format": "compact"}`), so loading
-the adapter renders prompts the way it learned them."""
+"""Beside a LoRA adapter: the prompt formats it was trained on (`{"tool_format": "compact",
+"rehearse_format": "inline"}`), so loading the adapter renders prompts the way it learned them."""
+
+_FORMATS = {"tool_format": ("json", "compact"), "rehearse_format": ("simulator", "inline")}
+
+
+def adapter_formats(adapter: str | Path | None) -> dict[str, str]:
+    """The prompt formats an adapter folder says it was trained on (only those it names)."""
+    if adapter is None:
+        return {}
+    try:
+        saved = json.loads((Path(adapter) / FORMAT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    return {key: saved[key] for key, allowed in _FORMATS.items() if saved.get(key) in allowed}
 
 
 def adapter_tool_format(adapter: str | Path | None) -> ToolFormat | None:
     """The tool format an adapter folder says it was trained on; None when it says nothing."""
-    if adapter is None:
-        return None
-    path = Path(adapter) / FORMAT_FILE
-    try:
-        value = json.loads(path.read_text()).get("tool_format")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if value in ("json", "compact") else None
+    return adapter_formats(adapter).get("tool_format")  # type: ignore[return-value]
 
 
-def write_adapter_format(folder: str | Path, tool_format: ToolFormat) -> None:
-    (Path(folder) / FORMAT_FILE).write_text(json.dumps({"tool_format": tool_format}) + "\n")
+def write_adapter_format(folder: str | Path, tool_format: ToolFormat, rehearse_format: str = "simulator") -> None:
+    (Path(folder) / FORMAT_FILE).write_text(json.dumps({"tool_format": tool_format,
+                                                        "rehearse_format": rehearse_format}) + "\n")
+
+
+def traces_rehearse_format(traces: Any) -> str:
+    """The one rehearse prompt format recorded runs used (`Trace.rehearse_format`); mixed are refused."""
+    from envace_mcp.errors import UserError
+
+    found = {str(getattr(t, "rehearse_format", None) or "simulator") for t in traces}
+    if len(found) > 1:
+        raise UserError(f"the runs were recorded with different rehearse formats ({', '.join(sorted(found))}): "
+                        "train one adapter per format")
+    return found.pop() if found else "simulator"
 
 
 def traces_tool_format(traces: Any) -> ToolFormat:

@@ -6,8 +6,10 @@ records the exact completion ids and per-token sampling logprobs. Templates that
 `<tool_call>` format and the `enable_thinking` switch) render the tools themselves; others get the same
 text protocol written into the messages (`prompts.plain_chat`).
 
-The rehearse role is a fresh chat (EnvACE), so there is no act prefix to reuse across roles; within one
-conversation each act prompt extends the previous one's, which the engine's prefix cache reuses.
+Within one conversation each act prompt extends the previous one's, which the engine's prefix cache
+reuses. The rehearse role is either EnvACE's fresh simulator chat (no act prefix to reuse), or, with
+`rehearse_format="inline"`, the act prompt + the proposed call continued with the tool's reply: its
+prompt is the act turn's prompt and completion, already in the cache.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from envace_mcp.engine.generation import Engine
 from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.policy.base import PromptPolicy
-from envace_mcp.policy.prompts import ChatMessage, prompt_text, template_takes_tools
-from envace_mcp.policy.tool_text import ToolFormat, adapter_tool_format
-from envace_mcp.policy.types import RawCompletion, Role, SamplingParams
+from envace_mcp.policy.prompts import ChatMessage, inline_prompt, prompt_text, template_takes_tools
+from envace_mcp.policy.tool_text import ToolFormat, adapter_formats
+from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
 
 
 class TransformersPolicy(PromptPolicy):
@@ -35,6 +37,8 @@ class TransformersPolicy(PromptPolicy):
         enable_thinking: passed to chat templates that have the switch (Qwen3).
         tool_format: how tools are written for templates without native tool support (`tool_text`):
             "json" (what the shipped adapter was trained on) or "compact" (a third of the tokens).
+        rehearse_format: "simulator" (EnvACE's fresh-chat prompt) or "inline" (continue the act
+            context with the tool's reply; see `RehearseFormat`).
         seed: seeds the per-request RNG used when a request has no seed of its own.
         max_batch_size, batch_window_s, prefix_cache_tokens, kv_budget_gb: the engine's (see `Engine`).
     """
@@ -51,6 +55,7 @@ class TransformersPolicy(PromptPolicy):
         batch_window_s: float = 0.01,
         enable_thinking: bool = False,
         tool_format: ToolFormat = "json",
+        rehearse_format: RehearseFormat = "simulator",
         seed: int = 0,
         prefix_cache_tokens: int = 32768,
         kv_budget_gb: float | Literal["auto"] | None = "auto",
@@ -63,6 +68,7 @@ class TransformersPolicy(PromptPolicy):
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.enable_thinking = enable_thinking
         self.tool_format: ToolFormat = tool_format
+        self.rehearse_format: RehearseFormat = rehearse_format
         self.template_has_tools = template_takes_tools(tokenizer)
         self._rng = random.Random(seed)
 
@@ -88,9 +94,8 @@ class TransformersPolicy(PromptPolicy):
             model = embedded_model_dir()
         lm, tokenizer = load_model(model, adapter=adapter, dtype=dtype, device=device)
         lm.eval()
-        trained_on = adapter_tool_format(adapter)
-        if trained_on is not None:  # prompts as the adapter learned them, unless told otherwise
-            kwargs.setdefault("tool_format", trained_on)
+        for key, value in adapter_formats(adapter).items():  # prompts as the adapter learned them, unless told otherwise
+            kwargs.setdefault(key, value)
         return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
 
     # ------------------------------------------------------------------ prompts
@@ -98,6 +103,11 @@ class TransformersPolicy(PromptPolicy):
     def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
         """The exact prompt text the model sees."""
         return prompt_text(self.tokenizer, chat, tools, enable_thinking=self.enable_thinking, tool_format=self.tool_format)
+
+    @property
+    def end_texts(self) -> tuple[str, ...]:
+        """The end-of-turn tokens as text (where an inline rehearsal's tool turn ends)."""
+        return tuple(t for t in self.tokenizer.convert_ids_to_tokens(sorted(self.engine.eos_ids)) if t)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -110,6 +120,14 @@ class TransformersPolicy(PromptPolicy):
                         sampling: SamplingParams) -> RawCompletion:
         text = self.render(chat, tools)
         return _raw(await self.engine.submit(self.job(self.encode(text), sampling)), text)
+
+    async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+        prompt, close = inline_prompt(self.render(chat, tools), self.end_texts)
+        marker = close.strip()
+        if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow
+            sampling = sampling.model_copy(update={"stop": (*sampling.stop, marker)})
+        return _raw(await self.engine.submit(self.job(self.encode(prompt), sampling)), prompt), close
 
     # ------------------------------------------------------------------ teacher forcing and scoring
 

@@ -17,6 +17,11 @@ from envace_mcp.toolbox import ToolSpec
 
 Role = Literal["act", "rehearse", "critique"]
 
+RehearseFormat = Literal["simulator", "inline"]
+"""How the rehearse role is prompted: "simulator" is EnvACE's fresh-chat simulator prompt
+(`<execution_result>` answers); "inline" continues the act context right after the proposed call, the
+model writing the tool's response turn in its own tool-response format (`prompts.render_inline`)."""
+
 
 class ParseIssue(BaseModel):
     """Something the parser noticed or repaired in model output."""
@@ -101,6 +106,9 @@ class Prediction(BaseModel):
     message: str = ""
     details: Any = None
     repaired: bool = False
+    text: str | None = None
+    """Inline rehearsals: the tool turn as the model wrote it (what stands in for the tool's reply in
+    simulated mode, so the trajectory continues the rehearsal's own tokens)."""
 
     @property
     def predicts_error(self) -> bool:
@@ -134,6 +142,11 @@ class Generation(BaseModel, Generic[T]):
     logprobs: list[float] | None = None
     """log p(token) under the sampling distribution (logits / temperature), one per completion token."""
     finish_reason: Literal["stop", "length"] | None = None
+    prompt_format: RehearseFormat | None = None
+    """Rehearse generations: which prompt they answered (`RehearseFormat`)."""
+    turn_close: str | None = None
+    """Inline rehearsals: the text the chat template closes a tool turn with after its content
+    (e.g. `"\\n</tool_response>"`): what SFT appends to a real reply to make the target."""
 
 
 @dataclass
@@ -172,6 +185,9 @@ class RehearseRequest:
     act_message: str = ""
     """The act role's latest raw message."""
     examples: list[Example] = field(default_factory=list)
+    context: ActRequest | None = None
+    """The act role's request of the turn that proposed the call (inline rehearsal continues it, memory
+    included); `None`: derived from `history` (the first human message is the task)."""
 
 
 @dataclass

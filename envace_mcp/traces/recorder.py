@@ -46,6 +46,9 @@ class TraceRecorder:
                 tool_format = getattr(policy, "tool_format", None) or getattr(getattr(policy, "base", None), "tool_format", None)
                 if tool_format:  # how the act prompts rendered tools: what an adapter trained on this run learns
                     defaults["metadata"] = {"tool_format": tool_format}
+                rehearse_format = getattr(policy, "rehearse_format", None) or getattr(getattr(policy, "base", None), "rehearse_format", None)
+                if rehearse_format:
+                    defaults["rehearse_format"] = rehearse_format
         if "metadata" in fields:
             fields = {**fields, "metadata": {**defaults.get("metadata", {}), **fields["metadata"]}}
         defaults.update(fields)
@@ -79,7 +82,8 @@ class TraceRecorder:
         parsed = gen.parsed.model_dump(mode="json") if hasattr(gen.parsed, "model_dump") else gen.parsed
         self._add(role=gen.role, node=event.get("node"), call_id=event.get("call_id"), prompt_text=gen.prompt_text,
                   prompt_ids=gen.prompt_ids, completion_ids=gen.completion_ids, logprobs=gen.logprobs, text=gen.text,
-                  parsed=parsed, sampling=gen.sampling.model_dump(mode="json"), finish_reason=gen.finish_reason)
+                  parsed=parsed, sampling=gen.sampling.model_dump(mode="json"), finish_reason=gen.finish_reason,
+                  format=getattr(gen, "prompt_format", None), close=getattr(gen, "turn_close", None))
         if gen.role == "act":
             self._unclaimed_act = True
 

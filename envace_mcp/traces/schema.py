@@ -8,7 +8,8 @@ One `Trace` per graph run; its `steps` in order. A step is one of:
   latency) or, when simulated, the rehearsal — plus the prediction-vs-real comparison when both exist.
 
 Versioned: `schema_version` is bumped on any change of meaning, and `read_trace` upgrades older
-versions. `docs/trace.schema.json` is generated from these models (`python -m envace_mcp.traces.schema`).
+versions. Version 2 added the rehearse prompt format (`Trace.rehearse_format`, and on rehearse steps
+`format` and, for inline rehearsals, `close`); version 1 traces are all EnvACE simulator prompts. `docs/trace.schema.json` is generated from these models (`python -m envace_mcp.traces.schema`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 StepRole = Literal["act", "rehearse", "critique", "gate", "tool"]
+RehearseFormat = Literal["simulator", "inline"]
 RunStatus = Literal["finished", "interrupted", "failed"]
 
 
@@ -53,6 +55,11 @@ class Step(BaseModel):
     """`ActOutput` / `Prediction` / `Critique` as JSON for generations."""
     sampling: dict[str, Any] | None = None
     finish_reason: str | None = None
+    format: RehearseFormat | None = None
+    """Rehearse steps: "simulator" (EnvACE's fresh chat, `<execution_result>` answers) or "inline" (the
+    act prompt + the call, continued with the tool's reply; the prompt extends the act step's tokens)."""
+    close: str | None = None
+    """Inline rehearse steps: the text the template closes a tool turn with after its content."""
     # calls
     tool: str | None = None
     arguments: Any = None
@@ -90,6 +97,8 @@ class Trace(BaseModel):
     gate: dict[str, Any] = Field(default_factory=dict)
     rehearsal: dict[str, Any] = Field(default_factory=dict)
     """Test-time rehearsal settings (`n`, `strategy`) when used."""
+    rehearse_format: RehearseFormat = "simulator"
+    """The rehearse role's prompt format in this run (what an adapter trained on it learns)."""
     task: str | None = None
     started_at: float
     ended_at: float | None = None
@@ -108,11 +117,20 @@ class Trace(BaseModel):
 
 
 def read_trace(data: dict[str, Any]) -> Trace:
-    """A trace from its JSON, upgrading older schema versions (none exist yet besides 1)."""
+    """A trace from its JSON, upgrading older schema versions."""
     version = data.get("schema_version", 1)
     if version > SCHEMA_VERSION:
         raise ValueError(f"trace schema version {version} is newer than this envace-mcp reads ({SCHEMA_VERSION})")
+    if version < 2:
+        data = _from_v1(data)
     return Trace.model_validate(data)
+
+
+def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 had one rehearse prompt, EnvACE's simulator chat."""
+    steps = [{**s, "format": "simulator"} if isinstance(s, dict) and s.get("role") == "rehearse" else s
+             for s in data.get("steps", [])]
+    return {**data, "schema_version": SCHEMA_VERSION, "rehearse_format": "simulator", "steps": steps}
 
 
 def json_schema() -> dict[str, Any]:

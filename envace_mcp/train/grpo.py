@@ -101,7 +101,8 @@ def token_logprobs(
 ) -> torch.Tensor:  # [B, T]
     """log p(token) under logits / temperature — what the sampler recorded."""
     scaled = logits.float() / (temperature if temperature > 0 else 1.0)  # [B, T, V]
-    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    picked = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return picked - torch.logsumexp(scaled, dim=-1)  # [B, T]: log_softmax at the token, without a [B, T, V] copy
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:  # [B, T] each

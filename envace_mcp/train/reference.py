@@ -34,7 +34,7 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
         for task in tasks:
             episode = Episode(task, suite_name)
-            roles = reference_roles(suite, task)
+            roles = reference_roles(suite, task, rehearse_format=getattr(model, "rehearse_format", "simulator"))
             if own_rehearsals:
                 roles.pop("rehearse", None)
             policy = ForcedPolicy(model, **roles, score=score)

@@ -255,9 +255,11 @@ def micro_batches(rows: list[Segment], max_rows: int, max_tokens: int | None = N
     return out
 
 
-def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, T, V]
-    """Logits at the positions that predict completion tokens only: the LM head over a 50k
-    vocabulary at every prompt position would cost more memory than the model itself."""
+def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [K, V]
+    """Logits at the K positions that predict real completion tokens, in `completion_mask` order
+    (row by row): the LM head over a 50k vocabulary at every prompt position would cost more memory
+    than the model itself, and over the [B, T] grid's padding as much again for every short row
+    packed beside a long one."""
     extra: dict[str, Any] = {}
     if batch.spans is None:
         mask = None
@@ -266,9 +268,10 @@ def forward_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B,
         extra[PACKED_KW] = PackedRows(batch.prefix_len, batch.spans, batch.contexts)
     else:
         mask = batch.attention_mask
+    keep = batch.positions[batch.completion_mask.bool()]  # [K]
     logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
-                   logits_to_keep=batch.positions.reshape(-1), **extra).logits  # [1, B*T, V]
-    return logits.view(*batch.positions.shape, -1)
+                   logits_to_keep=keep, **extra).logits  # [1, K, V]
+    return logits[0]
 
 
 def _takes_packed_rows(model: Any) -> bool:
@@ -295,7 +298,9 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B,
     """The model's logprobs of every next token (the completion positions are what the loss reads)."""
     from envace_mcp.train.grpo import token_logprobs
 
-    return token_logprobs(forward_logits(model, batch), batch.targets, batch.temperature)  # [B, T]
+    real = batch.completion_mask.bool()  # [B, T]
+    flat = token_logprobs(forward_logits(model, batch)[None], batch.targets[real][None], batch.temperature)[0]  # [K]
+    return torch.zeros(real.shape, dtype=flat.dtype, device=flat.device).masked_scatter(real, flat)  # [B, T]
 
 
 @functools.cache

@@ -3,8 +3,10 @@
 Rows (`sft_rows`):
 - act turns of successful runs (task reward ≥ `min_reward`), the tokens the model produced;
 - rehearse turns of any run whose call really ran, with the target replaced by the **real** result
-  as `<execution_result>…</execution_result>` (the world model learns the environment from what
-  actually happened, not from what it guessed). Rehearsals of calls that never ran are skipped.
+  (the world model learns the environment from what actually happened, not from what it guessed):
+  `<execution_result>…</execution_result>` for simulator prompts, and for inline ones the real reply
+  as the tool turn shows it, closed as the template closes it — the very tokens the next act turn's
+  prompt holds, so the row nests in the trajectory. Rehearsals of calls that never ran are skipped.
 Loss: cross-entropy on target tokens only (prompt tokens are masked), mean over target tokens.
 """
 
@@ -48,6 +50,20 @@ def real_result_text(result: dict[str, Any]) -> str:
     return f"<execution_result>{json.dumps(payload, ensure_ascii=False)}</execution_result>"
 
 
+def rehearse_target(result: dict[str, Any], step: Any) -> str:
+    """What a rehearse step should have written, given the call's real result (`ToolResult` JSON)."""
+    if getattr(step, "format", None) != "inline":
+        return real_result_text(result)
+    from envace_mcp.policy.prompts import clip_output
+    from envace_mcp.toolbox import ToolResult
+
+    try:
+        text = ToolResult.model_validate({"tool": "", **result}).text
+    except ValueError:
+        text = "".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
+    return clip_output(text) + (step.close or "")  # as the next act prompt shows it
+
+
 def target_encoding(tokenizer: Any) -> tuple[Callable[[str], list[int]], int]:
     """How `sft_rows` turns real results into target tokens for `tokenizer`: an encoder without
     special tokens, and the end-of-turn id (`<|im_end|>` for ChatML templates, else EOS)."""
@@ -71,7 +87,7 @@ def sft_rows(traces: Iterable[Trace], encode: Callable[[str], list[int]], end_id
             if step.role == "act" and success and step.completion_ids:
                 target = list(step.completion_ids)
             elif step.role == "rehearse" and step.call_id in real:
-                target = encode(real_result_text(real[step.call_id])) + [end_id]
+                target = encode(rehearse_target(real[step.call_id], step)) + [end_id]
             else:
                 continue
             rows.append(Segment(run_id=trace.run_id, task_id=trace.task_id, group_id=trace.group_id, role=step.role,
@@ -138,9 +154,9 @@ def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_
              bf16: bool = False) -> torch.Tensor:
     batch = collate(rows, pad_id, share_prefix=share_prefix).to(next(model.parameters()).device)
     with torch.autocast("cuda" if batch.input_ids.is_cuda else "cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = forward_logits(model, batch)  # [B, T, V]
-    losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), batch.targets, reduction="none")  # [B, T]
-    return (losses * batch.completion_mask).sum() / batch.completion_mask.sum().clamp(min=1.0)
+        logits = forward_logits(model, batch)  # [K, V]: the real completion tokens only
+    targets = batch.targets[batch.completion_mask.bool()]  # [K]
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum") / max(targets.numel(), 1)
 
 
 def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *, out: Path | None = None,

@@ -79,6 +79,17 @@ def test_the_tool_format_travels_from_traces_to_the_adapter_and_back_to_its_prom
     policy = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter"))
     assert policy.tool_format == "compact"
     assert load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter"), tool_format="json").tool_format == "json"
+    assert policy.rehearse_format == "simulator"
+    # the rehearse prompt format travels the same way
+    from envace_mcp.policy.tool_text import traces_rehearse_format
+
+    inline = Trace(run_id="i", started_at=0.0, rehearse_format="inline")
+    assert traces_rehearse_format([inline, inline]) == "inline"
+    assert traces_rehearse_format([run(None)]) == "simulator"
+    with pytest.raises(UserError, match="different rehearse formats"):
+        traces_rehearse_format([inline, run(None)])
+    write_adapter_format(tmp_path / "adapter", "compact", "inline")
+    assert load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "adapter")).rehearse_format == "inline"
 
 
 async def test_a_recorded_run_says_which_tool_format_its_prompts_used(tiny_qwen3_dir, bank_catalog):

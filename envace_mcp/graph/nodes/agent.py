@@ -7,10 +7,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.runtime import Runtime
 
-from envace_mcp.graph.memory import render_memory
-from envace_mcp.graph.nodes._common import emit, split_task
+from envace_mcp.graph.nodes._common import act_request, emit
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
-from envace_mcp.policy.types import ActRequest
 
 FORMAT_REMINDER = (
     "Your last message tried to call a tool but the call could not be read ({problems}). Write each call "
@@ -22,14 +20,7 @@ async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str
     ctx = await runtime.context.prepare()
     if state.get("steps", 0) >= ctx.gate.max_steps:
         return {"status": "max_steps", "final_answer": None}
-    task, conversation = split_task(state["messages"], state.get("task"))
-    request = ActRequest(
-        task=task,
-        messages=conversation,
-        tools=ctx.catalog(),
-        memory=render_memory(state.get("rehearsals", []), state.get("notes"), limit=ctx.memory_items),
-        instructions=ctx.instructions,
-    )
+    request = act_request(state, ctx)
     generation = await ctx.policy.act(request, ctx.sampling.get("act"))
     emit(runtime, "agent", generation)
     parsed = generation.parsed

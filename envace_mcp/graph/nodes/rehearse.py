@@ -8,7 +8,7 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from envace_mcp.graph import calls
-from envace_mcp.graph.nodes._common import emit, last_ai
+from envace_mcp.graph.nodes._common import act_request, emit, last_ai
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
 
 
@@ -22,7 +22,8 @@ async def rehearse(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[
         calls.proposals(message, {s.name: s for s in catalog}), policy=ctx.policy, catalog=catalog,
         history=list(state["messages"][:-1]), act_message=calls.raw_act_message(message), mode=ctx.mode,
         config=ctx.gate, examples=calls.examples_from(state.get("rehearsals", [])), sampling=ctx.sampling.get("rehearse"),
-        budget=None if budget is None else budget - state.get("rehearsal_count", 0))
+        budget=None if budget is None else budget - state.get("rehearsal_count", 0),
+        context=act_request(state, ctx, state["messages"][:-1]))
     for p, generation in zip(rehearsed, generations):
         if generation is not None:
             emit(runtime, "rehearse", generation, call_id=p.call.id)
