@@ -27,7 +27,7 @@ from envace_mcp.eval import get_suite
 from envace_mcp.graph import GateConfig
 from envace_mcp.policy import SamplingParams, load_policy
 from envace_mcp.engine.batcher import Batcher
-from envace_mcp.policy.prompts import render_act, render_critique, render_rehearse
+from envace_mcp.policy.prompts import render_act, render_critique, render_inline, render_rehearse
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.train.rollouts import rollout_group
 
@@ -56,7 +56,8 @@ class Seeded:
         return await self.policy.act(request, self._params("act", *render_act(request)))
 
     async def rehearse(self, request, sampling=None):
-        return await self.policy.rehearse(request, self._params("rehearse", render_rehearse(request)))
+        rendered = render_inline(request) if self.policy.rehearse_format == "inline" else (render_rehearse(request),)
+        return await self.policy.rehearse(request, self._params("rehearse", *rendered))
 
     async def critique(self, request, sampling=None):
         return await self.policy.critique(request, self._params("critique", render_critique(request)))
@@ -93,7 +94,8 @@ async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, g
 
 
 async def main(ns) -> None:
-    policy = load_policy(None, adapter=ns.adapter, dtype=ns.dtype, max_batch_size=16)
+    formats = {k: v for k, v in (("tool_format", ns.tool_format), ("rehearse_format", ns.rehearse_format)) if v}
+    policy = load_policy(None, adapter=ns.adapter, dtype=ns.dtype, max_batch_size=16, **formats)
     suite = get_suite("bank")
     tasks = suite.split("train")[: ns.tasks]
     async with Toolbox({suite.name: suite.build_server()}) as toolbox:  # the schemas; simulated runs call nothing
@@ -102,6 +104,8 @@ async def main(ns) -> None:
     await one_mode(policy, tasks[:1], tools, 2, 16, 4, gate, ns.temperature)  # warm-up
     results = {}
     for name, batch in (("batched", ns.tasks * ns.group), ("one at a time", 1)):
+        if name not in ns.modes.split(","):
+            continue
         results[name] = await one_mode(policy, tasks, tools, ns.group, batch, ns.max_new_tokens, gate, ns.temperature,
                                        label=name)
     n = ns.tasks * ns.group
@@ -109,7 +113,8 @@ async def main(ns) -> None:
 
     print(machine())  # the figures depend on the CPU's bf16 support and torch's threads
     dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    print(f"embedded SmolLM2-135M ({dtype}{', adapter ' + ns.adapter if ns.adapter else ''}): {n} concurrent "
+    print(f"embedded SmolLM2-135M ({dtype}{', adapter ' + ns.adapter if ns.adapter else ''}; tools {policy.tool_format}, "
+          f"rehearse {policy.rehearse_format}): {n} concurrent "
           f"graph runs ({ns.tasks} bank tasks x {ns.group}), simulated mode, rehearse=all, max_steps {ns.max_steps}, "
           f"<= {ns.max_new_tokens} new tokens per turn, temperature {ns.temperature}")
     for name, r in results.items():
@@ -120,6 +125,8 @@ async def main(ns) -> None:
               f"{r['spent']['decode_s']:.1f} s, {r['spent']['decode_rows'] / max(r['spent']['decode_steps'], 1):.1f} rows "
               f"per step; batches {len(r['batches'])}, largest {max(sizes)}; mean reward "
               f"{r['reward']:.2f})")
+    if len(results) < 2:
+        return
     b, s = results["batched"], results["one at a time"]
     tok = (sum(b["tokens"].values()) / b["wall"]) / (sum(s["tokens"].values()) / s["wall"])
     same = sum((b["completions"] & s["completions"]).values())
@@ -132,6 +139,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder (e.g. from `envace train sft`)")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 where the CPU does it natively, else float32")
+    parser.add_argument("--tool-format", choices=["json", "compact"], default=None, help="default: the adapter's")
+    parser.add_argument("--rehearse-format", choices=["simulator", "inline"], default=None, help="default: the adapter's")
+    parser.add_argument("--modes", default="batched,one at a time", help="which of the two modes to run")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=4)

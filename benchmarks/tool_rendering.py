@@ -4,6 +4,9 @@ For chat templates without native tool support (the embedded SmolLM2) the act pr
 list as text (`envace_mcp.policy.tool_text`). This counts, with the embedded model's tokenizer, the
 tokens of the act prompt before the conversation (system prompt, domain policy, tools, the task) in
 both formats, and of the tools alone; the ratio is against the JSON format, measured in the same run.
+Then the rehearse prompt for the task's first reference call: EnvACE's simulator chat (today's
+format, JSON tools) vs the inline format (act prompt + call + the tool turn's opening, compact tools):
+its tokens, and the tokens left to prefill once the act turn (prompt + the call) is in the prefix cache.
 
     python benchmarks/tool_rendering.py
 """
@@ -29,8 +32,11 @@ def main() -> None:
 
     from envace_mcp.eval import get_suite
     from envace_mcp.policy.embedded import embedded_model_dir
-    from envace_mcp.policy.prompts import prompt_text, render_act, tool_for_template, tools_block
-    from envace_mcp.policy.types import ActRequest
+    from langchain_core.messages import HumanMessage
+
+    from envace_mcp.policy.prompts import inline_prompt, prompt_text, render_act, render_inline, render_rehearse
+    from envace_mcp.policy.prompts import tool_call_text, tool_for_template, tools_block
+    from envace_mcp.policy.types import ActRequest, RehearseRequest, ToolCall
 
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_dir()))
 
@@ -49,6 +55,37 @@ def main() -> None:
         print(f"{name:8} {len(specs):5} | {prompts['json']:11,} {prompts['compact']:8,} "
               f"{prompts['compact'] / prompts['json']:5.2f}x | {blocks['json']:10,} {blocks['compact']:8,} "
               f"{blocks['compact'] / blocks['json']:5.2f}x")
+    print()
+    print(f"{'domain':8} | {'rehearse simulator':>18} {'to prefill':>10} | {'inline':>7} {'to prefill':>10} | {'ratio':>6} {'prefill ratio':>13}")
+    for name in ("bank", "retail"):
+        suite = get_suite(name)
+        specs = anyio.run(catalog, suite)
+        task = suite.split("test")[0]
+        action = task.actions[0]
+        call = ToolCall(id="c1", name=action.tool, arguments=dict(action.arguments))
+        context = ActRequest(task=task.instruction, tools=specs, instructions=suite.instructions)
+        request = RehearseRequest(call=call, tool=next(x for x in specs if x.name == call.name), allowed=specs,
+                                  history=[HumanMessage(content=task.instruction)],
+                                  act_message=tool_call_text(call.name, call.arguments), context=context)
+        act_turn = {}
+        for fmt in ("json", "compact"):
+            chat, tools = render_act(context)
+            act_turn[fmt] = prompt_text(tokenizer, chat, tools, tool_format=fmt) + tool_call_text(call.name, call.arguments)
+        simulator = prompt_text(tokenizer, render_rehearse(request), None)
+        inline, _ = inline_prompt(prompt_text(tokenizer, *render_inline(request), tool_format="compact"))
+        cached = {fmt: tokenizer(text, add_special_tokens=False)["input_ids"] for fmt, text in act_turn.items()}
+
+        def left(text: str, fmt: str) -> int:
+            ids, have = tokenizer(text, add_special_tokens=False)["input_ids"], cached[fmt]
+            n = 0
+            while n < min(len(ids), len(have)) and ids[n] == have[n]:
+                n += 1
+            return len(ids) - n
+
+        sim_n, inl_n = count(simulator), count(inline)
+        sim_left, inl_left = left(simulator, "json"), left(inline, "compact")
+        print(f"{name:8} | {sim_n:18,} {sim_left:10,} | {inl_n:7,} {inl_left:10,} | {inl_n / sim_n:5.2f}x "
+              f"{inl_left / sim_left:12.3f}x")
 
 
 if __name__ == "__main__":

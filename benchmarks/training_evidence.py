@@ -1,8 +1,9 @@
 """Held-out evidence for the embedded model, with or without an adapter, on the bank test split.
 
-    python benchmarks/training_evidence.py --tasks 24 [--adapter DIR] [--label NAME] [--out DIR]
+    python benchmarks/training_evidence.py --tasks 24 [--suite bank|retail] [--adapter DIR] [--label NAME] [--out DIR]
 
-Test tasks (entities and amounts disjoint from train) are taken round-robin over task kinds.
+Test tasks (entities and amounts disjoint from train) are taken round-robin over task kinds. The
+adapter's `envace.json` says which prompt formats it was trained on (tool text, rehearse prompt).
 1. agent: the EnvACE graph in real mode (rehearse -> gate -> act) against the in-process bank
    server, greedy decoding; success = checker score 1.0; first-call exact = the first tool call
    equals the reference's first action (name and arguments).
@@ -72,10 +73,17 @@ async def world_model(policy, suite, tasks, sampling, out: Path) -> dict:
     from envace_mcp.train.reference import record_reference_traces
 
     ids = {t.id for t in tasks}
+    before = dict(policy.engine.stats)
     with Progress("world model (forced reference calls)", total=len(ids)) as progress:
         await record_reference_traces(policy, suite.name, out, split="test", score=False, own_rehearsals=True,
                                       sampling=sampling, only=ids, on_task=lambda *_: progress.advance())
-    return world_scores(out)
+    scores = world_scores(out)
+    # the act turns are forced (never prefilled), so only rehearsals ran on the engine here
+    stats = {k: policy.engine.stats[k] - before.get(k, 0) for k in ("prompt_tokens", "reused_tokens", "prefill_s", "decode_s")}
+    n = max(scores["rehearsals"], 1)
+    return scores | {"rehearse_prompt_tokens": round(stats["prompt_tokens"] / n, 1),
+                     "prefilled_per_rehearsal": round((stats["prompt_tokens"] - stats["reused_tokens"]) / n, 1),
+                     "seconds_per_rehearsal": round((stats["prefill_s"] + stats["decode_s"]) / n, 3)}
 
 
 def world_scores(folder: Path) -> dict:
@@ -83,8 +91,9 @@ def world_scores(folder: Path) -> dict:
     error exactly when the real call failed; an unusable rehearsal counts as wrong) over real calls."""
     from envace_mcp.traces import TraceStore
 
-    scores, status = [], []
+    scores, status, rehearsals = [], [], 0
     for trace in TraceStore(folder).read():
+        rehearsals += sum(s.role == "rehearse" for s in trace.steps)
         predicted = {s.call_id: (s.parsed or {}).get("status") for s in trace.steps if s.role == "rehearse"}
         for step in trace.steps:
             if step.role == "tool" and step.comparison is not None:
@@ -93,12 +102,13 @@ def world_scores(folder: Path) -> dict:
                 real_error = bool((step.result or {}).get("is_error"))
                 status.append(guess in ("result", "tool_error") and (guess == "tool_error") == real_error)
     return {"field_accuracy": sum(scores) / max(len(scores), 1), "status_accuracy": sum(status) / max(len(status), 1),
-            "real_calls": len(scores)}
+            "real_calls": len(scores), "rehearsals": rehearsals}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=24)
+    parser.add_argument("--suite", default="bank", choices=["bank", "retail"])
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--label", default=None)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -120,14 +130,18 @@ def main() -> None:
         show(out)
         return
 
-    suite = get_suite("bank")
+    from envace_mcp.engine.model import machine
+
+    suite = get_suite(args.suite)
     tasks = pick(suite.split("test"), args.tasks)
     label = args.label or (Path(args.adapter).name if args.adapter else "base")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     sampling = {"act": greedy, "rehearse": greedy}
     policy = load_policy(None, adapter=args.adapter)
     started = time.perf_counter()
-    row: dict = {"label": label, "adapter": args.adapter, "tasks": len(tasks)}
+    row: dict = {"label": label, "adapter": args.adapter, "suite": args.suite, "tasks": len(tasks),
+                 "rehearse_format": policy.rehearse_format, "tool_format": policy.tool_format,
+                 "dtype": str(next(policy.model.parameters()).dtype).removeprefix("torch."), "machine": machine()}
     if not args.skip_agent:
         row |= asyncio.run(agent_runs(policy, suite, tasks, sampling, args.concurrency, out / label / "agent"))
     if not args.skip_world:
@@ -139,12 +153,19 @@ def main() -> None:
 
 
 def show(out: Path) -> None:
-    print(f"{'label':14s} {'tasks':>5s} {'success':>8s} {'score':>6s} {'1st call':>8s} {'fields':>7s} {'status':>7s} {'calls':>5s}")
+    print(f"{'label':16s} {'suite':6s} {'format':9s} {'tasks':>5s} {'success':>8s} {'score':>6s} {'1st call':>8s} "
+          f"{'fields':>7s} {'status':>7s} {'calls':>5s} {'prompt':>7s} {'prefill':>7s} {'s/reh':>6s}")
     for line in (out / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
-        print(f"{r['label']:14s} {r['tasks']:5d} {r.get('success', float('nan')):8.3f} {r.get('score', float('nan')):6.3f} "
-              f"{r.get('first_call_exact', float('nan')):8.3f} {r.get('field_accuracy', float('nan')):7.3f} "
-              f"{r.get('status_accuracy', float('nan')):7.3f} {r.get('real_calls', 0):5d}")
+        nan = float("nan")
+        print(f"{r['label']:16s} {r.get('suite', 'bank'):6s} {r.get('rehearse_format', 'simulator'):9s} {r['tasks']:5d} "
+              f"{r.get('success', nan):8.3f} {r.get('score', nan):6.3f} "
+              f"{r.get('first_call_exact', nan):8.3f} {r.get('field_accuracy', nan):7.3f} "
+              f"{r.get('status_accuracy', nan):7.3f} {r.get('real_calls', 0):5d} {r.get('rehearse_prompt_tokens', nan):7.1f} "
+              f"{r.get('prefilled_per_rehearsal', nan):7.1f} {r.get('seconds_per_rehearsal', nan):6.2f}")
+    machines = {json.loads(line).get("machine") for line in (out / "results.jsonl").read_text().splitlines()} - {None}
+    for m in sorted(machines):
+        print(m)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# dtype "auto" (the default) would be bf16 on CPUs with AMX and float32 elsewhere: tests compare logprobs at
+# 1e-4 and must mean the same on every machine, so they pin it (tests/engine/test_dtype.py covers "auto")
+os.environ.setdefault("ENVACE_DTYPE", "float32")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import PROBE  # noqa: E402

@@ -23,7 +23,7 @@ def train_sft_command(
     lr: Annotated[Optional[float], typer.Option(callback=_positive, help="learning rate (default: 2e-4 LoRA, 1e-5 full)")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="rows per optimizer step")] = 16,
     min_reward: Annotated[float, typer.Option(help="runs whose task reward is below this are left out")] = 1.0,
-    bf16: Annotated[bool, typer.Option("--bf16", help="bf16 autocast (1.6-2.2x faster on AMX CPUs and GPUs)")] = False,
+    bf16: Annotated[Optional[bool], typer.Option("--bf16/--fp32", help="bf16 autocast (1.6-2.2x faster on AMX CPUs and GPUs, slower where bf16 is emulated); default: on where the CPU/GPU does bf16 natively")] = None,
     share_prefix: Annotated[bool, typer.Option(help="pack each micro-batch with its common prompt prefix once (exact)")] = True,
     micro_batch: Annotated[int, typer.Option(min=0, help="at most this many rows per forward pass (gradients accumulate over --batch-size); 0 = no limit")] = 32,
     micro_tokens: Annotated[int, typer.Option(min=0, help="with --share-prefix, at most this many packed tokens per pass; 0 = no limit")] = 4096,
@@ -51,7 +51,7 @@ def train_sft_command(
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
     config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
-                       bf16=bf16, share_prefix=share_prefix, micro_batch=micro_batch,
+                       bf16="auto" if bf16 is None else bf16, share_prefix=share_prefix, micro_batch=micro_batch,
                        micro_tokens=micro_tokens or None, lora_r=lora_r, lora_alpha=2 * lora_r)
     out.mkdir(parents=True, exist_ok=True)
     steps = config.epochs * ((len(rows) + batch_size - 1) // batch_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,21 @@ def machine() -> str:
             f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
 
+DTYPE_ENV = "ENVACE_DTYPE"
+"""Set (e.g. `float32`) to pin what "auto" picks, everywhere: generation dtype and training autocast."""
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype | str:
     """A torch dtype for a name. "auto": bfloat16 where `device` does it natively, else float32 (the
-    choice is logged); "checkpoint": the checkpoint's own (transformers' "auto")."""
+    choice is logged; `ENVACE_DTYPE` pins it); "checkpoint": the checkpoint's own (transformers' "auto")."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "checkpoint":
         return "auto"
     if dtype == "auto":
+        pinned = os.environ.get(DTYPE_ENV, "").strip()
+        if pinned and pinned != "auto":
+            return resolve_dtype(pinned, device)
         chosen = torch.bfloat16 if native_bf16(device) else torch.float32
         logger.info("dtype auto -> %s on %s (%s)", str(chosen).removeprefix("torch."), device, machine())
         return chosen
@@ -61,6 +69,14 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype 
                 "float16": torch.float16, "fp16": torch.float16}[dtype]
     except KeyError:
         raise UserError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16, float16 or checkpoint") from None
+
+
+def autocast_bf16(setting: bool | str, device: str = "cpu") -> bool:
+    """Whether a training pass runs under bf16 autocast: True / False as given, "auto" where `device`
+    does bf16 natively (`resolve_dtype("auto")`)."""
+    if setting == "auto":
+        return resolve_dtype("auto", device) == torch.bfloat16
+    return bool(setting)
 
 
 def load_model(model: str | Path, *, adapter: str | Path | None = None, dtype: str | torch.dtype = "float32",

@@ -50,6 +50,13 @@ class ToolResult(BaseModel):
                 parts.append(f"[{block.get('type', 'content')}: {block.get('mimeType') or block.get('uri') or ''}]")
         return "\n".join(parts)
 
+    @staticmethod
+    def text_of(result: dict[str, Any] | None) -> str:
+        """`text` of a result in its JSON form (as traces keep it): what a tool message showed the model."""
+        if not result:
+            return ""
+        return ToolResult(tool=str(result.get("tool") or ""), content=list(result.get("content") or [])).text
+
     @property
     def value(self) -> Any:
         """Structured content when present, else the text parsed as JSON when it is JSON, else the text."""

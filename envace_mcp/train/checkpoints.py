@@ -24,6 +24,14 @@ class Checkpoints:
                    self.folder / "state.pt.tmp")
         (self.folder / "state.pt.tmp").replace(self.folder / "state.pt")
         model.save_pretrained(self.folder / "model")
+        adapter = config.get("adapter")
+        if adapter:  # the prompt formats the starting adapter learned travel on (`envace.json`)
+            from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
+
+            formats = adapter_formats(adapter)
+            if formats:
+                write_adapter_format(self.folder / "model", formats.get("tool_format", "json"),  # type: ignore[arg-type]
+                                     formats.get("rehearse_format", "simulator"))
 
     def load(self, *, model: Any, optimizer: Any) -> dict[str, Any] | None:
         """Restore weights, optimizer and torch's RNG; returns `{"step", "order": {"rng", "order"}}`, or

@@ -80,8 +80,9 @@ class GRPOConfig(BaseModel):
     5.90x TRL's update vs 1.86x unpacked."""
     gradient_checkpointing: bool = True
     """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
-    bf16: bool = False
-    """bf16 autocast for the update's forward pass (faster on AMX CPUs / GPUs; ratios then carry bf16 noise)."""
+    bf16: bool | Literal["auto"] = "auto"
+    """bf16 autocast for the update's forward pass (faster on AMX CPUs / GPUs, slower where bf16 is emulated;
+    ratios then carry bf16 noise); "auto": on where the device does bf16 natively (`ENVACE_DTYPE` pins it)."""
     mmap_threshold_mb: float | None = 1.0
     """Allocations of this size or more get their own mmap, handed back when freed (`rows.cap_heap_blocks`;
     glibc only, process-wide). Online GRPO from the shipped bank adapter (runs of up to 12 calls) peaked

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from envace_mcp.engine.model import autocast_bf16
 from envace_mcp.train import distributed
 from envace_mcp.train.advantages import group_key, step_advantages
 from envace_mcp.train.config import GRPOConfig
@@ -161,7 +162,8 @@ class GRPOLearner:
                        longest: float) -> None:
         config = self.config
         batch = collate(chunk.rows, self.pad_id, share_prefix=config.share_prefix).to(distributed.device())
-        with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+        device = batch.input_ids.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast_bf16(config.bf16, device)):
             logp = batch_logprobs(self.engine, batch)  # [B, T]
             ref_logp = self.reference_logprobs(batch) if config.beta else None  # [B, T]
         loss, metrics = grpo_loss(logp, batch.old_logprobs, chunk.advantages.to(logp.device), batch.completion_mask,

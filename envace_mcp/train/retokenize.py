@@ -19,6 +19,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from envace_mcp.policy.prompts import render_act, tool_call_text
 from envace_mcp.policy.types import ActRequest
+from envace_mcp.toolbox import ToolResult
 from envace_mcp.traces.schema import Trace
 from envace_mcp.train.rows import Segment
 
@@ -59,7 +60,7 @@ def retokenized_act_rows(traces: Iterable[Trace], policy: Any, tools: list[Any],
 
 
 def _text(result: dict[str, Any] | None) -> str:
+    """The tool message the run's model saw (a result with structured content only: that, as JSON)."""
     if not result:
         return ""
-    text = "".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
-    return text or json.dumps(result.get("structured_content"), ensure_ascii=False)
+    return ToolResult.text_of(result) or json.dumps(result.get("structured_content"), ensure_ascii=False)

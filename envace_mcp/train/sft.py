@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -57,11 +57,7 @@ def rehearse_target(result: dict[str, Any], step: Any) -> str:
     from envace_mcp.policy.prompts import clip_output
     from envace_mcp.toolbox import ToolResult
 
-    try:
-        text = ToolResult.model_validate({"tool": "", **result}).text
-    except ValueError:
-        text = "".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
-    return clip_output(text) + (step.close or "")  # as the next act prompt shows it
+    return clip_output(ToolResult.text_of(result)) + (step.close or "")  # as the next act prompt shows it
 
 
 def target_encoding(tokenizer: Any) -> tuple[Callable[[str], list[int]], int]:
@@ -128,8 +124,9 @@ class SFTConfig:
     (`envace_mcp.engine.attention.PackedRows`): 2.22x the throughput of one row at a time
     (459 vs 206 tok/s, bf16, `benchmarks/sft_throughput.py`), where a block mask over the packed
     sequence was slower than one row at a time (0.91x)."""
-    bf16: bool = False
-    """bf16 autocast: 1.6-2.2x faster on CPUs with AMX and on GPUs; fp32 is the exact default."""
+    bf16: bool | Literal["auto"] = "auto"
+    """bf16 autocast: 1.6-2.2x faster on CPUs with AMX and on GPUs, ~1.9x slower where bf16 is emulated;
+    "auto" turns it on where the device does bf16 natively (`engine.model.autocast_bf16`)."""
     gradient_checkpointing: bool = True
     """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
     mmap_threshold_mb: float | None = None
@@ -151,9 +148,12 @@ def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_pref
 
 
 def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,
-             bf16: bool = False) -> torch.Tensor:
+             bf16: bool | str = False) -> torch.Tensor:
+    from envace_mcp.engine.model import autocast_bf16
+
     batch = collate(rows, pad_id, share_prefix=share_prefix).to(next(model.parameters()).device)
-    with torch.autocast("cuda" if batch.input_ids.is_cuda else "cpu", dtype=torch.bfloat16, enabled=bf16):
+    device = "cuda" if batch.input_ids.is_cuda else "cpu"
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast_bf16(bf16, device)):
         logits = forward_logits(model, batch)  # [K, V]: the real completion tokens only
     targets = batch.targets[batch.completion_mask.bool()]  # [K]
     return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum") / max(targets.numel(), 1)

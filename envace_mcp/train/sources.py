@@ -111,10 +111,13 @@ class RolloutGroups:
         self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
         self.sampling = sampling or {}
         self.tasks = suite.split(split)
+        from envace_mcp.policy.tool_text import adapter_formats
+
         self.policy: Any = TransformersPolicy(learner.model, learner.tokenizer,
                                               name=f"{config.model or 'embedded'} (training)", max_batch_size=max(16, k),
                                               kv_budget_gb=rollout_kv_gb(config.rollout_kv_gb, learner.model),
-                                              prefix_cache_tokens=config.rollout_prefix_cache_tokens)
+                                              prefix_cache_tokens=config.rollout_prefix_cache_tokens,
+                                              **adapter_formats(config.adapter))  # prompts as the adapter learned them
         """The rollout policy (replaceable, e.g. by a `ForcedPolicy` around it)."""
 
     def next(self, order: SeededOrder, config: GRPOConfig, step: int) -> list[list[Segment]]:
