@@ -20,7 +20,7 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     stats = cli("traces", "stats", str(tmp_path / "refs"))
     assert "100.0%" in stats.stdout and "1.000 over" in stats.stdout  # references succeed, simulator exact
     fast = cli("traces", "reference", str(tmp_path / "fast"), "--suite", "bank", "--limit", "3", "--model", model,
-               "--no-logprobs", "--tool-format", "compact")  # token ids only: what SFT needs
+               "--no-logprobs", "--tool-format", "compact", "--rehearse-format", "inline")  # token ids only: what SFT needs
     assert fast.returncode == 0, fast.stderr
     from envace_mcp.traces import TraceStore
 
@@ -30,7 +30,8 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
               "--epochs", "1", "--bf16", "--micro-batch", "2", "--share-prefix")
     assert sft.returncode == 0, sft.stderr
     assert (tmp_path / "sft" / "adapter_config.json").exists()
-    assert json.loads((tmp_path / "sft" / "envace.json").read_text()) == {"tool_format": "compact"}  # as recorded
+    assert json.loads((tmp_path / "sft" / "envace.json").read_text()) == {"tool_format": "compact",  # as recorded
+                                                                           "rehearse_format": "inline"}
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) >= 1
     config = tmp_path / "grpo.json"
     config.write_text(json.dumps({"model": model, "lr": 1e-3, "steps": 2, "groups_per_step": 1}))
