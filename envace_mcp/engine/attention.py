@@ -144,42 +144,35 @@ class PackedRows:
                  contexts: list[list[tuple[int, int]]] | None = None) -> None:
         self.prefix, self.spans = prefix, spans
         self.contexts = contexts or [[] for _ in spans]
-        self._masks: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-
-    def _mask(self, length: int, seen: int, device: torch.device) -> torch.Tensor:  # (1, 1, length, seen + length) bool
-        key = (length, seen, device)
-        if key not in self._masks:
-            mask = torch.ones((length, seen + length), dtype=torch.bool, device=device)
-            mask[:, seen:].tril_()  # the prefix and context wholly visible, own tokens causally (lower right)
-            self._masks[key] = mask[None, None]
-        return self._masks[key]
 
     def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float,
                scaling: float | None, **kwargs: Any) -> torch.Tensor:
         """query (1, H, N, D), key/value (1, KV, N, D) -> (1, N, H, D), through transformers' `sdpa`
-        for each part (it handles grouped-query heads)."""
+        for each part (it handles grouped-query heads), always plain causal — no mask, so PyTorch's
+        flash kernel runs: a part that sees earlier tokens (the prefix, its context) is attended with
+        their queries put in front of its own (C + L queries over C + L keys, causal), and only its own
+        L outputs are kept. Masked attention would take PyTorch's math kernel on CPU: a prefix-tree pass
+        of 8,192 tokens ran at half the tokens/s of one row at a time that way."""
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         kwargs.pop("is_causal", None)
         p = self.prefix
 
-        def part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-            return sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
-                                          is_causal=mask is None, **kwargs)[0]
+        def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True,
+                                          **kwargs)[0]
 
-        outs = [part(query[:, :, :p], key[:, :, :p], value[:, :, :p], None)] if p else []
+        outs = [causal(query[:, :, :p], key[:, :, :p], value[:, :, :p])] if p else []
         covered = p
         for (start, end), context in zip(self.spans, self.contexts):
             if start != covered:  # pragma: no cover - collate lays rows out back to back
                 raise ValueError(f"packed rows must be contiguous: a span starts at {start}, expected {covered}")
-            q = query[:, :, start:end]
-            seen = ([(0, p)] if p else []) + list(context)
-            if seen:
-                k = torch.cat([key[:, :, a:b] for a, b in seen] + [key[:, :, start:end]], dim=2)
-                v = torch.cat([value[:, :, a:b] for a, b in seen] + [value[:, :, start:end]], dim=2)
-                outs.append(part(q, k, v, self._mask(end - start, k.shape[2] - (end - start), query.device)))
+            ranges = ([(0, p)] if p else []) + list(context) + [(start, end)]
+            if len(ranges) == 1:
+                outs.append(causal(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]))
             else:
-                outs.append(part(q, key[:, :, start:end], value[:, :, start:end], None))
+                q, k, v = (torch.cat([t[:, :, a:b] for a, b in ranges], dim=2) for t in (query, key, value))
+                outs.append(causal(q, k, v)[:, -(end - start):])  # (1, L, H, D): this part's own queries
             covered = end
         if covered != query.shape[2]:
             raise ValueError(f"packed layout covers {covered} positions, the sequence has {query.shape[2]}")
