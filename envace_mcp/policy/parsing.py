@@ -216,6 +216,12 @@ def parse_prediction(text: str, call: ToolCall, tool: ToolSpec | None) -> Predic
         value, repaired = loads_lenient(payload)
     except ValueError as exc:
         return _invalid(call, "INVALID_JSON", f"the execution result is not JSON: {exc}")
+    return _predicted(value, repaired, call, tool)
+
+
+def _predicted(value: Any, repaired: bool, call: ToolCall, tool: ToolSpec | None) -> Prediction:
+    """A parsed rehearsal value as a prediction: a predicted `error_tool_call`, or a result checked
+    against the tool's output schema (both rehearse formats)."""
     # MCP output schemas describe objects; a tool without one may answer anything (τ²'s `calculate`
     # returns a number, `transfer_to_human_agents` a sentence, a search an empty list).
     structured = tool is not None and bool(tool.output_schema)
@@ -252,15 +258,12 @@ def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str
     body = body.strip()
     if not body:
         return _invalid(call, "EMPTY_OUTPUT", "the rehearsal produced no text")
-    prediction = None
     if body[0] in "{[":
         try:
             value, repaired = loads_lenient(body)
         except ValueError as exc:
             return _invalid(call, "INVALID_JSON", f"the tool reply is not JSON: {exc}")
-        # the same checks as the simulator format, on the same value
-        prediction = parse_prediction(f"{_RESULT_OPEN}{json.dumps(value, ensure_ascii=False)}{_RESULT_CLOSE}", call, tool)
-        prediction = prediction.model_copy(update={"repaired": prediction.repaired or repaired})
+        prediction = _predicted(value, repaired, call, tool)  # the same checks as the simulator format
     elif body.lower().startswith(("error", "invalid arguments")) or (tool is not None and tool.output_schema):
         message = body.split(":", 1)[1].strip() if body.lower().startswith("error executing tool") and ":" in body else body
         prediction = Prediction(tool=call.name, arguments=call.arguments, status="tool_error", code="EXECUTION_ERROR",
