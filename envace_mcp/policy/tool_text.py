@@ -135,29 +135,30 @@ def adapter_tool_format(adapter: str | Path | None) -> ToolFormat | None:
     return adapter_formats(adapter).get("tool_format")  # type: ignore[return-value]
 
 
-def write_adapter_format(folder: str | Path, tool_format: ToolFormat, rehearse_format: str = "simulator") -> None:
+def write_adapter_format(folder: str | Path, tool_format: ToolFormat = "json", rehearse_format: str = "simulator") -> None:
     (Path(folder) / FORMAT_FILE).write_text(json.dumps({"tool_format": tool_format,
                                                         "rehearse_format": rehearse_format}) + "\n")
 
 
-def traces_rehearse_format(traces: Any) -> str:
-    """The one rehearse prompt format recorded runs used (`Trace.rehearse_format`); mixed are refused."""
+def _one_format(traces: Any, what: str, read: Any, default: str) -> str:
+    """The one value of a prompt format that recorded runs share (`read(trace)`, None = `default`);
+    mixed values are refused: one adapter learns one format."""
     from envace_mcp.errors import UserError
 
-    found = {str(getattr(t, "rehearse_format", None) or "simulator") for t in traces}
+    found = {str(read(t) or default) for t in traces}
     if len(found) > 1:
-        raise UserError(f"the runs were recorded with different rehearse formats ({', '.join(sorted(found))}): "
+        raise UserError(f"the runs were recorded with different {what} formats ({', '.join(sorted(found))}): "
                         "train one adapter per format")
-    return found.pop() if found else "simulator"
+    return found.pop() if found else default
+
+
+def traces_rehearse_format(traces: Any) -> str:
+    """The one rehearse prompt format recorded runs used (`Trace.rehearse_format`); mixed are refused."""
+    return _one_format(traces, "rehearse", lambda t: getattr(t, "rehearse_format", None), "simulator")
 
 
 def traces_tool_format(traces: Any) -> ToolFormat:
     """The one tool format recorded runs were rendered in (`Trace.metadata["tool_format"]`; runs recorded
     before it was recorded are "json"); mixed formats are refused: one adapter learns one format."""
-    from envace_mcp.errors import UserError
-
-    found = {str((getattr(t, "metadata", None) or {}).get("tool_format") or "json") for t in traces}
-    if len(found) > 1:
-        raise UserError(f"the runs were recorded with different tool formats ({', '.join(sorted(found))}): "
-                        "train one adapter per format")
-    return found.pop() if found else "json"  # type: ignore[return-value]
+    return _one_format(traces, "tool", lambda t: (getattr(t, "metadata", None) or {}).get("tool_format"),  # type: ignore[return-value]
+                       "json")

@@ -43,12 +43,14 @@ class TraceRecorder:
             policy = getattr(context, "policy", None)
             if policy is not None:
                 defaults["model"] = getattr(policy, "name", None)
-                tool_format = getattr(policy, "tool_format", None) or getattr(getattr(policy, "base", None), "tool_format", None)
-                if tool_format:  # how the act prompts rendered tools: what an adapter trained on this run learns
-                    defaults["metadata"] = {"tool_format": tool_format}
-                rehearse_format = getattr(policy, "rehearse_format", None) or getattr(getattr(policy, "base", None), "rehearse_format", None)
-                if rehearse_format:
-                    defaults["rehearse_format"] = rehearse_format
+
+                def prompts(name: str) -> Any:  # the policy's, or the backend's under a wrapper (ForcedPolicy)
+                    return getattr(policy, name, None) or getattr(getattr(policy, "base", None), name, None)
+
+                if prompts("tool_format"):  # how the act prompts rendered tools: what an adapter trained on this run learns
+                    defaults["metadata"] = {"tool_format": prompts("tool_format")}
+                if prompts("rehearse_format"):
+                    defaults["rehearse_format"] = prompts("rehearse_format")
         if "metadata" in fields:
             fields = {**fields, "metadata": {**defaults.get("metadata", {}), **fields["metadata"]}}
         defaults.update(fields)

@@ -30,8 +30,7 @@ class Checkpoints:
 
             formats = adapter_formats(adapter)
             if formats:
-                write_adapter_format(self.folder / "model", formats.get("tool_format", "json"),  # type: ignore[arg-type]
-                                     formats.get("rehearse_format", "simulator"))
+                write_adapter_format(self.folder / "model", **formats)  # type: ignore[arg-type]
 
     def load(self, *, model: Any, optimizer: Any) -> dict[str, Any] | None:
         """Restore weights, optimizer and torch's RNG; returns `{"step", "order": {"rng", "order"}}`, or
