@@ -37,6 +37,7 @@ def main() -> None:
     from envace_mcp.policy.prompts import inline_prompt, prompt_text, render_act, render_inline, render_rehearse
     from envace_mcp.policy.prompts import tool_call_text, tool_for_template, tools_block
     from envace_mcp.policy.types import ActRequest, RehearseRequest, ToolCall
+    from envace_mcp.train.rows import common_prefix
 
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_dir()))
 
@@ -76,11 +77,8 @@ def main() -> None:
         cached = {fmt: tokenizer(text, add_special_tokens=False)["input_ids"] for fmt, text in act_turn.items()}
 
         def left(text: str, fmt: str) -> int:
-            ids, have = tokenizer(text, add_special_tokens=False)["input_ids"], cached[fmt]
-            n = 0
-            while n < min(len(ids), len(have)) and ids[n] == have[n]:
-                n += 1
-            return len(ids) - n
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            return len(ids) - common_prefix(ids, cached[fmt])
 
         sim_n, inl_n = count(simulator), count(inline)
         sim_left, inl_left = left(simulator, "json"), left(inline, "compact")

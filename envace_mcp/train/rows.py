@@ -92,9 +92,9 @@ class Batch:
         n, cut = self.input_ids.shape[1], self.prefix_len
         allowed = torch.zeros((n, n), dtype=torch.bool, device=self.input_ids.device)
         allowed[:cut, :cut] = True
-        for i, (start, end) in enumerate(self.spans):
+        for (start, end), context in zip(self.spans, self.contexts or [[] for _ in self.spans]):
             allowed[start:end, :cut] = True
-            for a, b in (self.contexts or [[]] * len(self.spans))[i]:
+            for a, b in context:
                 allowed[start:end, a:b] = True
             allowed[start:end, start:end] = True
         return allowed.tril_()[None, None]
@@ -128,7 +128,7 @@ def shared_prefix_length(rows: list[Segment]) -> int:
     limit = min(len(r.prompt_ids) for r in rows) - 1
     n = limit
     for r in rows[1:]:
-        n = common_prefix(first, r.prompt_ids[:limit]) if n == limit else common_prefix(first[:n], r.prompt_ids[:n])
+        n = common_prefix(first[:n], r.prompt_ids[:n])
     return n if n >= MIN_SHARED_PREFIX else 0
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import torch
 
+from envace_mcp.engine.model import autocast_bf16
 from envace_mcp.traces.schema import Trace
 from envace_mcp.train.rows import (
     Segment,
@@ -149,8 +150,6 @@ def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_pref
 
 def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,
              bf16: bool | str = False) -> torch.Tensor:
-    from envace_mcp.engine.model import autocast_bf16
-
     batch = collate(rows, pad_id, share_prefix=share_prefix).to(next(model.parameters()).device)
     device = "cuda" if batch.input_ids.is_cuda else "cpu"
     with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast_bf16(bf16, device)):
