@@ -197,6 +197,10 @@ def test_a_prefix_tree_pass_equals_every_row_alone_for_both_roles(tmp_path, lora
     assert batch.input_ids.numel() < 0.3 * unshared
     assert len(batch.spans) < len(rows)  # the extending turn has no tokens of its own
     assert any(batch.contexts)  # some part branches off another
+    _assert_packed_equals_alone(model, rows, batch)
+
+
+def _assert_packed_equals_alone(model, rows, batch):
     params = [p for p in model.parameters() if p.requires_grad]
     logp = batch_logprobs(model, batch)
     weights = torch.linspace(0.5, 1.5, len(rows))[:, None]  # per-row "advantages": the rows must not mix
@@ -209,6 +213,34 @@ def test_a_prefix_tree_pass_equals_every_row_alone_for_both_roles(tmp_path, lora
         for total, g in zip(alone_grads, torch.autograd.grad(-one[:k].sum() * weights[i, 0], params)):
             total += g
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(grads, alone_grads))
+
+
+def test_short_branches_off_long_contexts_read_only_their_own_queries_and_equal_rows_alone(tmp_path, monkeypatch):
+    """A part with more context than tokens of its own (an inline rehearsal off a long trajectory) is
+    attended as its own queries over context + own keys, causal aligned bottom-right, in query blocks
+    (here 5 queries, so blocks split mid-part): logprobs and gradients still equal every row alone."""
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.engine.attention import PackedRows
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.rows import prepare_for_training
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
+    prepare_for_training(model, gradient_checkpointing=True)
+    calls = []
+    branch = PackedRows._branch.__func__
+
+    def spy(cls, module, query, key, value, seen, *args, **kwargs):
+        calls.append((query.shape[2], seen))
+        return branch(cls, module, query, key, value, seen, *args, **kwargs)
+
+    monkeypatch.setattr(PackedRows, "BRANCH_QUERIES", 5)
+    monkeypatch.setattr(PackedRows, "_branch", classmethod(spy))
+    rows = _trajectory_rows()
+    batch = collate(rows, share_prefix=True)
+    _assert_packed_equals_alone(model, rows, batch)
+    assert calls and all(own < seen for own, seen in calls)
+    assert any(own > 5 for own, _ in calls)  # at least one part took several query blocks
 
 
 def test_micro_batches_count_a_trajectory_once_and_keep_to_their_token_budget():
