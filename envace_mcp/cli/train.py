@@ -43,7 +43,7 @@ def train_sft_command(
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
-    from envace_mcp.train.sft import SFTConfig, sft_rows, target_encoding, train_sft
+    from envace_mcp.train.sft import SFTConfig, sft_rows, steps_per_epoch, target_encoding, train_sft
 
     lm, tokenizer = load_model(model or embedded_model_dir(), dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
@@ -54,7 +54,7 @@ def train_sft_command(
                        bf16="auto" if bf16 is None else bf16, share_prefix=share_prefix, micro_batch=micro_batch,
                        micro_tokens=micro_tokens or None, lora_r=lora_r, lora_alpha=2 * lora_r)
     out.mkdir(parents=True, exist_ok=True)
-    steps = config.epochs * ((len(rows) + batch_size - 1) // batch_size)
+    steps = config.epochs * steps_per_epoch(rows, config)
     with Progress("SFT", total=steps, console=console) as progress, open(out / "metrics.jsonl", "w") as log:
 
         def on_step(m: dict[str, float]) -> None:

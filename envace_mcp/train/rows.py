@@ -235,21 +235,51 @@ def micro_batches(rows: list[Segment], max_rows: int, max_tokens: int | None = N
     """Rows (in the order given: prompt order keeps a run's turns together) cut into passes of at most
     `max_rows` rows (0 = no limit) and, with `max_tokens`, at most that many packed tokens — counted as
     `collate(share_prefix=True)` lays them out, so a trajectory whose turns extend each other costs its
-    longest sequence, not the sum. A row longer than `max_tokens` gets a pass of its own."""
+    longest sequence, not the sum. Passes close between runs where they can (a run cut between two
+    passes pays for its longest sequence in both); a run that fits no pass is cut row by row, and a
+    row longer than `max_tokens` gets a pass of its own."""
     out: list[list[int]] = []
     current: list[int] = []
     tokens = 0
     previous: list[int] = []
+
+    def cost(indices: list[int], after: list[int]) -> tuple[int, list[int]]:
+        total = 0
+        for i in indices:
+            seq = rows[i].prompt_ids + rows[i].completion_ids
+            total += len(seq) - (common_prefix(after, seq) if after else 0)
+            after = seq
+        return total, after
+
+    def fits(n: int, extra: int) -> bool:
+        return not ((max_rows and len(current) + n > max_rows) or (max_tokens and tokens + extra > max_tokens))
+
+    groups: list[list[int]] = []
     for i, row in enumerate(rows):
-        seq = row.prompt_ids + row.completion_ids
-        new = len(seq) - (common_prefix(previous, seq) if current else 0)
-        full = (max_rows and len(current) >= max_rows) or (max_tokens and current and tokens + new > max_tokens)
-        if full:
+        if groups and rows[groups[-1][-1]].run_id == row.run_id:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for group in groups:
+        extra, last = cost(group, previous if current else [])
+        if current and not fits(len(group), extra):
             out.append(current)
-            current, tokens, new = [], 0, len(seq)
-        current.append(i)
-        tokens += new
-        previous = seq
+            current, tokens = [], 0
+            extra, last = cost(group, [])
+        if fits(len(group), extra):  # the whole run in this pass
+            current += group
+            tokens += extra
+            previous = last
+            continue
+        for i in group:  # a run no pass holds: row by row
+            new, seq = cost([i], previous if current else [])
+            if current and not fits(1, new):
+                out.append(current)
+                current, tokens = [], 0
+                new, seq = cost([i], [])
+            current.append(i)
+            tokens += new
+            previous = seq
     if current:
         out.append(current)
     return out

@@ -136,16 +136,42 @@ class SFTConfig:
 
 
 def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_prefix: bool) -> list[list[int]]:
-    """One epoch's batches of row indices. With `share_prefix`, rows are cut into batches in prompt
-    order (so each batch shares a long prefix) and the batches are shuffled; otherwise rows are shuffled."""
+    """One epoch's batches of row indices. With `share_prefix`, rows are taken in prompt order (so each
+    batch shares a long prefix) as whole runs — a batch closes before a run that would take it past
+    `batch_size` rows, and a run longer than that is cut — and the batches are shuffled: a run cut
+    between two batches would pay for its longest sequence in both (on the 504 bundled reference runs,
+    batches of 16 rows cut anywhere packed 1.15M tokens an epoch in passes of 8,192, whole runs 1.08M;
+    1.42M and 1.34M in passes of 4,096). Otherwise rows are shuffled."""
     if share_prefix:
-        order = prefix_order(rows)
-        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+        chunks: list[list[int]] = []
+        for run in _runs_in_order(rows):
+            if chunks and len(chunks[-1]) + len(run) <= batch_size:
+                chunks[-1] += run
+            else:
+                chunks += [run[i: i + batch_size] for i in range(0, len(run), batch_size)]
         rng.shuffle(chunks)
         return chunks
     order = list(range(len(rows)))
     rng.shuffle(order)
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def steps_per_epoch(rows: list[Segment], config: SFTConfig) -> int:
+    """Optimizer steps one epoch of `train_sft` takes (batches of whole runs can hold fewer rows than
+    `batch_size`)."""
+    return len(batches(rows, config.batch_size, random.Random(0), config.share_prefix))
+
+
+def _runs_in_order(rows: list[Segment]) -> list[list[int]]:
+    """Row indices in prompt order, grouped by run (a run's rows are consecutive there: they share its
+    task and conversation; should they not be, each stretch is its own group)."""
+    groups: list[list[int]] = []
+    for i in prefix_order(rows):
+        if groups and rows[groups[-1][-1]].run_id == rows[i].run_id:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,

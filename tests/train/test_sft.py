@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from envace_mcp.traces import TraceStore
-from envace_mcp.train.sft import SFTConfig, real_result_text, sft_loss, sft_rows, train_sft
+from envace_mcp.train.sft import SFTConfig, real_result_text, sft_loss, sft_rows, steps_per_epoch, train_sft
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "traces"
 
@@ -51,10 +51,51 @@ def test_sft_lowers_the_loss_on_target_tokens(tiny):
     model = AutoModelForCausalLM.from_pretrained(folder)
     before = float(sft_loss(model, rows, tokenizer.pad_token_id))
     seen = []
-    trained = train_sft(model, rows, tokenizer.pad_token_id, SFTConfig(epochs=12, lr=1e-2, batch_size=2, lora=False),
-                        on_step=seen.append)
+    config = SFTConfig(epochs=12, lr=1e-2, batch_size=2, lora=False)
+    trained = train_sft(model, rows, tokenizer.pad_token_id, config, on_step=seen.append)
     after = float(sft_loss(trained, rows, tokenizer.pad_token_id))
-    assert after < before * 0.5 and len(seen) == 12 * ((len(rows) + 1) // 2)
+    assert after < before * 0.5 and len(seen) == 12 * steps_per_epoch(rows, config)
+
+
+def _run_rows(sizes):
+    """Synthetic rows of runs with `sizes` turns each: one task prompt per run, each turn's prompt
+    extending the last (as a trajectory's do)."""
+    from envace_mcp.train.rows import Segment
+
+    rows = []
+    for run, n in enumerate(sizes):
+        prompt = [1] * 20 + [100 + run] * 5
+        for turn in range(n):
+            rows.append(Segment(run_id=f"r{run}", task_id=f"t{run}", group_id=None, role="act",
+                                prompt_ids=list(prompt), completion_ids=[7, 8, 9], old_logprobs=None, reward=1.0))
+            prompt = prompt + [7, 8, 9] + [50 + turn] * 4
+    return rows
+
+
+def test_sft_batches_hold_whole_runs_and_cut_only_runs_longer_than_a_batch():
+    import random
+
+    from envace_mcp.train.sft import batches
+
+    rows = _run_rows([3, 4, 2, 9, 1, 5])
+    chunks = batches(rows, 6, random.Random(0), share_prefix=True)
+    assert sorted(i for c in chunks for i in c) == list(range(len(rows)))
+    assert all(len(c) <= 6 for c in chunks)
+    runs_of = [{rows[i].run_id for i in c} for c in chunks]
+    split = {r for r in {row.run_id for row in rows} if sum(r in runs for runs in runs_of) > 1}
+    assert split == {"r3"}  # the 9-turn run alone spans two batches
+    assert steps_per_epoch(rows, SFTConfig(batch_size=6)) == len(chunks)
+
+
+def test_micro_batches_close_between_runs_when_a_run_would_not_fit():
+    from envace_mcp.train.rows import collate, micro_batches, prefix_order
+
+    rows = _run_rows([3, 3, 3])
+    ordered = [rows[i] for i in prefix_order(rows)]
+    one_run = collate(ordered[:3], share_prefix=True).input_ids.numel()
+    passes = micro_batches(ordered, 0, int(one_run * 1.5))  # one run fits, two do not
+    assert [{ordered[i].run_id for i in p} for p in passes] == [{"r0"}, {"r1"}, {"r2"}]
+    assert len(micro_batches(ordered, 0, one_run // 2)) > 3  # a run no pass holds is cut row by row
 
 
 def test_lora_sft_trains_only_the_adapter_and_saves_it(tiny, tmp_path):
