@@ -23,13 +23,12 @@ import torch
 from envace_mcp.engine.generation import Engine
 from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
-from envace_mcp.policy.base import PromptPolicy
-from envace_mcp.policy.prompts import ChatMessage, inline_prompt, prompt_text, template_takes_tools
+from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import ToolFormat, adapter_formats
 from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
 
 
-class TransformersPolicy(PromptPolicy):
+class TransformersPolicy(TokenPolicy):
     """Act, rehearse and critique with one transformers model (optionally under a LoRA adapter).
 
     Args:
@@ -60,16 +59,12 @@ class TransformersPolicy(PromptPolicy):
         prefix_cache_tokens: int = 32768,
         kv_budget_gb: float | Literal["auto"] | None = "auto",
     ) -> None:
-        super().__init__(sampling=sampling, role_sampling=role_sampling)
+        super().__init__(tokenizer, sampling=sampling, role_sampling=role_sampling, enable_thinking=enable_thinking,
+                         tool_format=tool_format, rehearse_format=rehearse_format)
         self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, batch_window_s=batch_window_s,
                              prefix_cache_tokens=prefix_cache_tokens, kv_budget_gb=kv_budget_gb)
         self.model = model
-        self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
-        self.enable_thinking = enable_thinking
-        self.tool_format: ToolFormat = tool_format
-        self.rehearse_format: RehearseFormat = rehearse_format
-        self.template_has_tools = template_takes_tools(tokenizer)
         self._rng = random.Random(seed)
 
     @classmethod
@@ -100,36 +95,18 @@ class TransformersPolicy(PromptPolicy):
             kwargs.setdefault(key, value)
         return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
 
-    # ------------------------------------------------------------------ prompts
-
-    def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
-        """The exact prompt text the model sees."""
-        return prompt_text(self.tokenizer, chat, tools, enable_thinking=self.enable_thinking, tool_format=self.tool_format)
+    # ------------------------------------------------------------------ generation
 
     @property
-    def end_texts(self) -> tuple[str, ...]:
-        """The end-of-turn tokens as text (where an inline rehearsal's tool turn ends)."""
-        return tuple(t for t in self.tokenizer.convert_ids_to_tokens(sorted(self.engine.eos_ids)) if t)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def eos_ids(self) -> set[int]:
+        return self.engine.eos_ids
 
     def job(self, prompt_ids: list[int], sampling: SamplingParams) -> Job:
         """An engine job for `prompt_ids`, seeded by the request or by this policy's own seeded RNG."""
         return Job(prompt_ids, sampling, sampling.seed if sampling.seed is not None else self._rng.randrange(2**63))
 
-    async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams) -> RawCompletion:
-        text = self.render(chat, tools)
-        return _raw(await self.engine.submit(self.job(self.encode(text), sampling)), text)
-
-    async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
-        prompt, close = inline_prompt(self.render(chat, tools), self.end_texts)
-        marker = close.strip()
-        if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow
-            sampling = sampling.model_copy(update={"stop": (*sampling.stop, marker)})
-        return _raw(await self.engine.submit(self.job(self.encode(prompt), sampling)), prompt), close
+    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
+        return _raw(await self.engine.submit(self.job(prompt_ids, sampling)), prompt_text)
 
     # ------------------------------------------------------------------ teacher forcing and scoring
 

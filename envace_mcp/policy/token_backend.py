@@ -1,0 +1,71 @@
+"""Backends that take token ids: prompts are rendered and encoded here, by the one renderer.
+
+The transformers backend (our engine) and the vLLM backend (a server) differ only in who samples:
+both render each role's chat with `prompts.prompt_text`, encode it with the model's tokenizer, and
+send token ids — so what a trace records is exactly what the sampler saw and produced, and the
+trainer never re-tokenises text. Subclasses implement `_generate` and say which ids end a turn.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+from envace_mcp.policy.base import PromptPolicy
+from envace_mcp.policy.prompts import ChatMessage, inline_prompt, prompt_text, template_takes_tools
+from envace_mcp.policy.tool_text import ToolFormat
+from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
+
+
+class TokenPolicy(PromptPolicy):
+    """A `PromptPolicy` whose backend completes token-id prompts (see the module)."""
+
+    def __init__(self, tokenizer: Any, *, sampling: SamplingParams | None = None,
+                 role_sampling: dict[Role, SamplingParams] | None = None, enable_thinking: bool = False,
+                 tool_format: ToolFormat = "json", rehearse_format: RehearseFormat = "simulator") -> None:
+        super().__init__(sampling=sampling, role_sampling=role_sampling)
+        self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
+        self.tool_format: ToolFormat = tool_format
+        self.rehearse_format: RehearseFormat = rehearse_format
+        self.template_has_tools = template_takes_tools(tokenizer)
+
+    @property
+    @abstractmethod
+    def eos_ids(self) -> set[int]:
+        """Token ids that end a turn."""
+
+    @abstractmethod
+    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
+        """Sample a completion of `prompt_ids` (whose text is `prompt_text`): its ids, their sampling
+        logprobs, and its text with a final end-of-turn token left out (`decode`)."""
+
+    def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
+        """The exact prompt text the model sees."""
+        return prompt_text(self.tokenizer, chat, tools, enable_thinking=self.enable_thinking, tool_format=self.tool_format)
+
+    @property
+    def end_texts(self) -> tuple[str, ...]:
+        """The end-of-turn tokens as text (where an inline rehearsal's tool turn ends)."""
+        return tuple(t for t in self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids)) if t)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, tokens: list[int]) -> str:
+        """The text of sampled tokens (a final end-of-turn token left out)."""
+        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
+        return self.tokenizer.decode(body, skip_special_tokens=False)
+
+    async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> RawCompletion:
+        text = self.render(chat, tools)
+        return await self._generate(self.encode(text), text, sampling)
+
+    async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+        prompt, close = inline_prompt(self.render(chat, tools), self.end_texts)
+        marker = close.strip()
+        if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow
+            sampling = sampling.model_copy(update={"stop": (*sampling.stop, marker)})
+        return await self._generate(self.encode(prompt), prompt, sampling), close
