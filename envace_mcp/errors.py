@@ -17,3 +17,8 @@ class UserError(EnvaceError, ValueError):
 
 class ConfigError(UserError):
     """A server configuration (the `mcpServers` JSON) is malformed."""
+
+
+class BackendError(EnvaceError):
+    """A generation backend failed: a model server unreachable, erroring, timing out, or answering
+    without what training needs (token ids, logprobs)."""

@@ -95,6 +95,7 @@ BAD = [
     (["policy", "try", "--role", "judge"], "'--role'"),
     (["policy", "try", "--args", "[1, 2]"], "must be a JSON object"),
     (["policy", "try", "--server", "casino"], "unknown suite"),
+    (["policy", "try", "--model", "vllm:http://127.0.0.1:9/v1"], "vLLM at http://127.0.0.1:9/v1 is not reachable"),
     (["train", "sft", "--traces", "{f}/missing", "--out", "{f}/out"], "'--traces'"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out"], "no recorded runs"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--epochs", "0"], "'--epochs'"),

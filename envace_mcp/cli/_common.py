@@ -89,7 +89,7 @@ ServersOpt = Annotated[Optional[Path], typer.Option(
     "--servers", "-s", exists=True, dir_okay=False, callback=_servers_file,
     help="mcpServers JSON file (default: the bundled servers over stdio)")]
 ModelOpt = Annotated[Optional[str], typer.Option(callback=_model_name,
-                                                 help="Hugging Face id or folder (default: embedded SmolLM2)")]
+                                                 help="Hugging Face id or folder, or vllm:http://HOST:PORT/v1 (a vLLM server; default: embedded SmolLM2)")]
 TracesOut = Annotated[Optional[Path], typer.Option(file_okay=False, help="record the run into this trace folder")]
 
 

@@ -42,7 +42,14 @@ __all__ = [
 
 def load_policy(model: str | None = None, *, adapter: str | None = None, **kwargs):  # noqa: ANN201
     # keyword arguments go to TransformersPolicy (dtype, max_batch_size, role_sampling, seed, …)
-    """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default."""
+    """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default.
+    `"vllm:http://host:port/v1"`: a `VLLMPolicy` on that server (`adapter` is then hot-loaded into it)."""
+    from envace_mcp.policy.vllm import PREFIX
+
+    if model is not None and model.startswith(PREFIX):
+        from envace_mcp.policy.vllm import VLLMPolicy
+
+        return VLLMPolicy.from_url(model[len(PREFIX):], adapter=adapter, **kwargs)
     from envace_mcp.policy.transformers import TransformersPolicy
 
     return TransformersPolicy.from_pretrained(model, adapter=adapter, **kwargs)

