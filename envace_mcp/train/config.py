@@ -92,6 +92,14 @@ class GRPOConfig(BaseModel):
     """Online GRPO: the rollout policy's prefix cache (prompt keys/values kept for reuse; 46 KB a token for
     the embedded model in fp32: 0.75 GB). Inference keeps 32,768; in training it sits next to the decode
     batch and the weights, and each step starts it empty anyway."""
+    rollout_server: str | None = None
+    """Online GRPO: roll out on a vLLM server instead of our engine, e.g. "vllm:http://127.0.0.1:8000/v1"
+    (serving the same base model, with `--enable-lora`, runtime LoRA updating and `--logprobs-mode
+    processed_logprobs`; docs/scaling.md). Before each step's rollouts the adapter being trained is saved
+    to `out/served/step-N` and hot-loaded as "step-N"; traces record it (`metadata.weights`). LoRA only."""
+    tis_cap: float = 2.0
+    """With `rollout_server`: the cap of the truncated importance weight that corrects the mismatch between
+    the server's logprobs and ours (`grpo.grpo_loss`)."""
     rollout_kv_gb: float | Literal["auto"] | None = "auto"
     """Online GRPO: the rollout policy's `kv_budget_gb` (decode-batch keys/values); "auto": 1 GB on CPU, no
     limit on accelerators. Long runs in fp32 are 46 KB a token for the embedded model: 16 rows of ~3.6k

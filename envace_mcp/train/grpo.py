@@ -124,6 +124,7 @@ def grpo_loss(
     loss_type: LossType = "token_mean",
     max_completion_length: int | None = None,
     num_items_in_batch: float | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate −min(ρA, clip(ρ, 1−ε, 1+ε_high)A) (+ β·k3 KL), aggregated by `loss_type`:
 
@@ -131,12 +132,25 @@ def grpo_loss(
     - `sequence_mean`: mean per sequence, then over sequences (TRL `grpo`);
     - `dr_grpo`: sum over tokens / (B · max_completion_length) (TRL `dr_grpo`);
     - `dapo`: sum over tokens / tokens in the whole generation batch (TRL `dapo`).
+
+    `tis_cap`: the completions were sampled by another engine (a vLLM server) at the weights being
+    trained, and `old_logp` are that engine's. Its kernels differ from ours, so the ratio is taken
+    against our own logprobs, detached (1 in value: one update per batch of rollouts), and each token's
+    surrogate is weighted by the truncated importance ratio min(π_ours / π_engine, cap) — truncated
+    importance sampling, as verl and TRL correct rollout-engine mismatch. The metrics then add the
+    mismatch: mean |Δ logp|, its KL (k3, engine → ours) and the fraction of tokens truncated.
     """
     mask = mask.to(logp.dtype)  # [B, T]
+    weight = None
+    if tis_cap is not None:
+        engine_logp, old_logp = old_logp, logp.detach()
+        weight = torch.exp(old_logp - engine_logp).clamp(max=tis_cap)  # [B, T]
     ratio = torch.exp(logp - old_logp)  # [B, T]
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + (epsilon_high if epsilon_high is not None else epsilon))  # [B, T]
     adv = advantages.unsqueeze(1)  # [B, 1]
     per_token = -torch.min(ratio * adv, clipped * adv)  # [B, T]
+    if weight is not None:
+        per_token = per_token * weight
     kl = None
     if beta != 0.0:
         if ref_logp is None:
@@ -167,4 +181,9 @@ def grpo_loss(
             "kl": float((kl * mask).sum() / tokens) if kl is not None else 0.0,
             "tokens": float(tokens),
         }
+        if weight is not None:
+            delta = engine_logp - old_logp  # [B, T] log(π_engine / π_ours)
+            metrics |= {"mismatch_abs": float((delta.abs() * mask).sum() / tokens),
+                        "mismatch_kl": float(((torch.exp(-delta) + delta - 1) * mask).sum() / tokens),
+                        "tis_truncated": float(((torch.exp(-delta) > tis_cap).to(mask.dtype) * mask).sum() / tokens)}
     return loss, metrics

@@ -127,7 +127,7 @@ class GRPOLearner:
         self.engine.train()
         self.optimizer.zero_grad()
         # the same keys on every rank (their sums are all-reduced together), even on a rank with no rows
-        sums = dict.fromkeys(("loss", "ce", "ratio_mean", "clip_low", "clip_high", "kl", "scored"), 0.0)
+        sums = dict.fromkeys(("loss", "ce", "scored", *_scored_keys(config)), 0.0)
         for index, chunk in enumerate(chunks or [_NoWork()]):
             sync = self.world_size == 1 or index == max(len(chunks), 1) - 1  # DDP all-reduces on the last backward only
             with contextlib.nullcontext() if sync else self.engine.no_sync():
@@ -151,7 +151,7 @@ class GRPOLearner:
                   "success": sums["success"] / sums["runs"], "segments": total_rows, "tokens": total_tokens,
                   "scored_tokens": sums["scored"]}
         if sums["scored"]:  # over the tokens that went through the model (none: every advantage was 0)
-            record |= {k: sums[k] / sums["scored"] for k in ("ratio_mean", "clip_low", "clip_high", "kl")}
+            record |= {k: sums[k] / sums["scored"] for k in _scored_keys(config)}
         if sums["checked"]:  # rehearsals checked against real results (mixed / real mode)
             record["fidelity"] = sums["fidelity"] / sums["checked"]
         if config.real_output_ce:
@@ -169,11 +169,12 @@ class GRPOLearner:
         loss, metrics = grpo_loss(logp, batch.old_logprobs, chunk.advantages.to(logp.device), batch.completion_mask,
                                   epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
                                   ref_logp=ref_logp, loss_type="dapo" if config.loss_type == "token_mean" else config.loss_type,
-                                  num_items_in_batch=total_tokens, max_completion_length=int(longest))
+                                  num_items_in_batch=total_tokens, max_completion_length=int(longest),
+                                  tis_cap=config.tis_cap if config.rollout_server else None)
         # token_mean over the whole step = sum over micro-batches of (sum / all tokens of the step)
         scale = 1.0 if config.loss_type in ("token_mean", "dapo") else len(chunk.rows) / total_rows
         (loss * scale * self.world_size).backward()  # DDP averages over ranks; we want the sum
-        for key in ("ratio_mean", "clip_low", "clip_high", "kl"):
+        for key in _scored_keys(config):
             sums[key] += metrics[key] * metrics["tokens"]
         sums["scored"] += metrics["tokens"]
         sums["loss"] += float(loss.detach()) * scale
@@ -184,3 +185,9 @@ class GRPOLearner:
         ce = sft_loss(self.engine, chunk.rows, self.pad_id, share_prefix=config.share_prefix, bf16=config.bf16)
         (ce * share * config.real_output_ce * self.world_size).backward()
         sums["ce"] += float(ce.detach()) * share
+
+
+def _scored_keys(config: Any) -> tuple[str, ...]:
+    """Per-token metrics averaged over the step's scored tokens (the mismatch ones with rollouts on a server)."""
+    keys = ("ratio_mean", "clip_low", "clip_high", "kl")
+    return (*keys, "mismatch_abs", "mismatch_kl", "tis_truncated") if config.rollout_server else keys

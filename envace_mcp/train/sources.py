@@ -113,12 +113,34 @@ class RolloutGroups:
         self.tasks = suite.split(split)
         from envace_mcp.policy.tool_text import adapter_formats
 
-        self.policy: Any = TransformersPolicy(learner.model, learner.tokenizer,
-                                              name=f"{config.model or 'embedded'} (training)", max_batch_size=max(16, k),
-                                              kv_budget_gb=rollout_kv_gb(config.rollout_kv_gb, learner.model),
-                                              prefix_cache_tokens=config.rollout_prefix_cache_tokens,
-                                              **adapter_formats(config.adapter))  # prompts as the adapter learned them
+        formats = adapter_formats(config.adapter)  # prompts as the adapter learned them
+        if config.rollout_server:
+            from envace_mcp.policy.vllm import PREFIX, VLLMPolicy
+
+            if not config.lora or learner.world_size > 1:
+                raise UserError("rollout_server: only a LoRA adapter trained in one process is synced to a server "
+                                "(full-weight sync and torchrun with a server are not done)")
+            address = config.rollout_server.removeprefix(PREFIX)
+            self.policy: Any = VLLMPolicy.from_url(address, tokenizer=learner.tokenizer, **formats)
+        else:
+            self.policy = TransformersPolicy(learner.model, learner.tokenizer,
+                                             name=f"{config.model or 'embedded'} (training)", max_batch_size=max(16, k),
+                                             kv_budget_gb=rollout_kv_gb(config.rollout_kv_gb, learner.model),
+                                             prefix_cache_tokens=config.rollout_prefix_cache_tokens, **formats)
         """The rollout policy (replaceable, e.g. by a `ForcedPolicy` around it)."""
+        self.served: str | None = None
+        """With a rollout server: the adapter version it serves ("step-N", the weights after N steps)."""
+
+    def serve(self, step: int) -> str:
+        """Save the adapter being trained (after `step` steps) to `out/served/step-N` — a new folder each
+        time: vLLM keeps prefix-cache blocks of an adapter reloaded from the same path — and hot-load it."""
+        name = f"step-{step}"
+        if self.served != name:
+            folder = self.out / "served" / name
+            self.learner.model.save_pretrained(folder)
+            getattr(self.policy, "base", self.policy).load_adapter(folder, name=name)
+            self.served = name
+        return name
 
     def next(self, order: SeededOrder, config: GRPOConfig, step: int) -> list[list[Segment]]:
         import anyio
@@ -127,11 +149,14 @@ class RolloutGroups:
         picked = [self.tasks[i] for i in order.take(config.groups_per_step, len(self.tasks))]
         picked = picked[learner.rank::learner.world_size]
         learner.model.eval()
-        traces = anyio.run(self._collect, picked, step)  # a step is synchronous; rollouts run on their own loop
         backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
-        # the update changes the weights: the engine's cached keys/values are freed now, so the update's
-        # activations never sit next to them (peak memory)
-        backend.engine.weights_changed()
+        served = self.serve(step) if learner.config.rollout_server else None
+        traces = anyio.run(self._collect, picked, step)  # a step is synchronous; rollouts run on their own loop
+        if served is not None:
+            for trace in traces:
+                trace.metadata["weights"] = served
+        else:  # the update changes the weights: the engine's cached keys/values are freed now, so the
+            backend.engine.weights_changed()  # update's activations never sit next to them (peak memory)
         learner.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
@@ -151,4 +176,7 @@ class RolloutGroups:
                                                         toolbox=toolbox, tools=self.tools, gate=self.gate,
                                                         sampling=self.sampling, group_id=f"step{step + 1}:{task.id}")
                                           for task in tasks))
+            closing = getattr(getattr(self.policy, "base", self.policy), "aclose", None)
+            if closing is not None:  # a server's HTTP client belongs to this step's event loop
+                await closing()
         return [t for group in runs for t in group]

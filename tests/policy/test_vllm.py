@@ -157,6 +157,43 @@ async def test_hot_loading_an_adapter_changes_what_the_server_samples(vllm_serve
 
 
 @needs_server
+def test_one_online_grpo_step_on_vllm_rollouts_hot_swaps_the_adapter_it_trains(vllm_server, bank_catalog, tmp_path):
+    """EnvACE GRPO from the shipped adapter with rollouts on the server: the step's runs are sampled by
+    "step-0" (the adapter as loaded, saved and hot-loaded), the update corrects the server/trainer
+    mismatch (logged: tiny in fp32, nothing truncated), and serving step 1 changes the served policy's
+    logprobs of the same completion. (A KL term to the base model makes the update non-zero even when
+    a group's runs all score alike.)"""
+    import anyio
+
+    from envace_mcp.eval import get_suite
+    from envace_mcp.policy.embedded import embedded_adapter
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+
+    config = GRPOConfig(adapter=str(embedded_adapter()), rollout_server=f"vllm:{vllm_server[1]}", steps=1,
+                        groups_per_step=1, lr=1e-3, beta=0.5, checkpoint_every=1)
+    sampling = SamplingParams(max_new_tokens=48, temperature=1.0)
+    trainer = OnlineGRPO(config, get_suite("bank"), tmp_path / "grpo", k=2, mode="simulated", tools=bank_catalog,
+                         sampling={"act": sampling, "rehearse": sampling})
+    [record] = trainer.run()
+    traces = list(TraceStore(tmp_path / "grpo" / "traces").read())
+    assert len(traces) == 2 and {t.metadata["weights"] for t in traces} == {"step-0"}
+    assert record["mismatch_abs"] < 1e-3 and record["tis_truncated"] == 0.0 and record["kl"] > 0
+    policy = trainer.policy
+    step = next(s for s in traces[0].steps if s.role == "act")
+
+    async def served_logprobs():
+        body = policy.request(step.prompt_ids, SamplingParams(max_new_tokens=1, temperature=1.0))
+        return (await policy._post("/completions", body))["choices"][0]["logprobs"]["token_logprobs"][0]
+
+    before = anyio.run(served_logprobs)
+    assert trainer.source.serve(1) == "step-1" and policy.model == "step-1"
+    after = anyio.run(served_logprobs)
+    assert (tmp_path / "grpo" / "served" / "step-1" / "adapter_model.safetensors").exists()
+    assert before != after
+
+
+@needs_server
 @pytest.mark.anyio
 async def test_a_server_killed_mid_run_fails_the_run_cleanly_and_records_it(vllm_server, bank_catalog, tmp_path):
     """Runs last in this module: it kills the server. The run in flight fails with a `BackendError`

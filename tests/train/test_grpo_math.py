@@ -122,3 +122,23 @@ def test_every_loss_type_equals_trls_formula(ours, theirs, beta):
 def test_trajectory_level_advantages_equal_trls(scale):
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.25, 0.0, 0.0, 1.0, 1.0])
     assert torch.allclose(group_advantages(rewards, 4, scale=scale), trl_advantages(rewards, 4, scale))
+
+
+def test_truncated_importance_sampling_weights_each_token_by_the_capped_engine_ratio():
+    """Rollouts sampled by another engine (`tis_cap`): the surrogate's ratio is against our own detached
+    logprobs and each token is weighted by min(π_ours / π_engine, cap); hand-computed, with its metrics."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)  # [1, 3]
+    engine = torch.tensor([[-1.0, -2.0 - math.log(3.0), -0.5 + math.log(2.0)]])  # ratios 1, 3 (capped to 2), 0.5
+    mask = torch.tensor([[1.0, 1.0, 1.0]])
+    adv = torch.tensor([0.8])
+    loss, metrics = grpo_loss(logp, engine, adv, mask, tis_cap=2.0)
+    assert loss.item() == pytest.approx(-(0.8 * 1 + 0.8 * 2 + 0.8 * 0.5) / 3)
+    (grad,) = torch.autograd.grad(loss, logp)  # d/dlogp of -A·w·exp(logp - sg(logp)) = -A·w
+    assert torch.allclose(grad, torch.tensor([[-0.8 * 1, -0.8 * 2, -0.8 * 0.5]]) / 3)
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+    assert metrics["tis_truncated"] == pytest.approx(1 / 3)
+    assert metrics["mismatch_abs"] == pytest.approx((math.log(3.0) + math.log(2.0)) / 3)
+    k3 = lambda d: math.exp(-d) + d - 1  # noqa: E731 - d = log(π_engine / π_ours)
+    assert metrics["mismatch_kl"] == pytest.approx((k3(-math.log(3.0)) + k3(math.log(2.0))) / 3)
+    same, plain = grpo_loss(logp, logp.detach(), adv, mask, tis_cap=2.0)[0], grpo_loss(logp, logp.detach(), adv, mask)[0]
+    assert same.item() == pytest.approx(plain.item())  # no mismatch: plain GRPO
