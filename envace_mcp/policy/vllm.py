@@ -101,7 +101,7 @@ class VLLMPolicy(TokenPolicy):
             kwargs.setdefault(key, value)
         policy = cls(url, tokenizer, model=wanted, **kwargs)
         if adapter is not None:
-            policy.load_adapter(adapter)
+            policy.load_adapter(adapter, formats=False)  # its formats are in kwargs, unless given there
         return policy
 
     # ------------------------------------------------------------------ generation
@@ -145,15 +145,18 @@ class VLLMPolicy(TokenPolicy):
 
     # ------------------------------------------------------------------ adapters
 
-    def load_adapter(self, folder: str | Path, name: str | None = None) -> str:
+    def load_adapter(self, folder: str | Path, name: str | None = None, *, formats: bool = True) -> str:
         """Hot-load a LoRA adapter folder into the server (in place, under a versioned name) and send
-        later requests to it; returns the name. The server must run with `--enable-lora` and
+        later requests to it; returns the name. With `formats`, prompts follow the formats its
+        `envace.json` records (as `from_url` does). The server must run with `--enable-lora` and
         `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; the folder must be readable by the server."""
         self.weight_version += 1
         name = name or f"{Path(folder).name}-v{self.weight_version}"
         _sync_post(self.url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve()),
                                                     "load_inplace": True}, self.api_key, self.timeout_s)
         self.model = name
+        for key, value in (adapter_formats(folder) if formats else {}).items():
+            setattr(self, key, value)
         return name
 
     # ------------------------------------------------------------------ HTTP
