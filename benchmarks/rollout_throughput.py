@@ -7,6 +7,11 @@ and the same per-request seeds; only the policy's batch size differs (16 vs 1). 
 runs/s, generated tokens/s (act + rehearse), and the ratios.
 
     python benchmarks/rollout_throughput.py [--adapter DIR] [--dtype bfloat16] [--tasks 4 --group 4]
+        [--vllm http://127.0.0.1:8000/v1]
+
+`--vllm`: also the same runs, all concurrent, on a vLLM server serving the embedded model (the adapter
+hot-loaded; docs/scaling.md), against our engine's batched mode. A CPU server takes no per-request
+seeds, so its runs are not the same samples: tokens/s is the like-for-like figure.
 
 Without an adapter the base model rarely emits a valid tool call, so runs are one act turn each; with
 an SFT adapter (`envace train sft`) they call tools and rehearse, which is what GRPO sees.
@@ -93,6 +98,34 @@ async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, g
             "spent": spent, "reward": sum(t.rewards[0].value for t in traces) / len(traces)}
 
 
+async def on_server(url: str, adapter, tasks, tools, group: int, max_new: int, gate: GateConfig, temperature: float):
+    from envace_mcp.policy.vllm import VLLMPolicy
+
+    policy = VLLMPolicy.from_url(url, adapter=adapter)
+    suite = get_suite("bank")
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new)
+    start = time.perf_counter()
+
+    async def one_group(task):
+        runs = await rollout_group(suite, task, policy, k=group, mode="simulated", tools=tools, gate=gate,
+                                   sampling={"act": params, "rehearse": params})
+        progress.advance(len(runs))
+        return runs
+
+    with Progress("vLLM runs", total=len(tasks) * group) as progress:
+        groups = await asyncio.gather(*(one_group(task) for task in tasks))
+    wall = time.perf_counter() - start
+    await policy.aclose()
+    traces = [t for g in groups for t in g]
+    tokens = collections.Counter()
+    for trace in traces:
+        for step in trace.steps:
+            if step.completion_ids:
+                tokens[step.role] += len(step.completion_ids)
+    return {"wall": wall, "runs": len(traces), "tokens": tokens, "name": policy.name,
+            "reward": sum(t.rewards[0].value for t in traces) / len(traces)}
+
+
 async def main(ns) -> None:
     formats = {k: v for k, v in (("tool_format", ns.tool_format), ("rehearse_format", ns.rehearse_format)) if v}
     policy = load_policy(None, adapter=ns.adapter, dtype=ns.dtype, max_batch_size=16, **formats)
@@ -108,6 +141,9 @@ async def main(ns) -> None:
             continue
         results[name] = await one_mode(policy, tasks, tools, ns.group, batch, ns.max_new_tokens, gate, ns.temperature,
                                        label=name)
+    if ns.vllm:
+        await on_server(ns.vllm, ns.adapter, tasks[:1], tools, 2, 4, gate, ns.temperature)  # warm-up
+        server = await on_server(ns.vllm, ns.adapter, tasks, tools, ns.group, ns.max_new_tokens, gate, ns.temperature)
     n = ns.tasks * ns.group
     from envace_mcp.engine.model import machine
 
@@ -125,6 +161,15 @@ async def main(ns) -> None:
               f"{r['spent']['decode_s']:.1f} s, {r['spent']['decode_rows'] / max(r['spent']['decode_steps'], 1):.1f} rows "
               f"per step; batches {len(r['batches'])}, largest {max(sizes)}; mean reward "
               f"{r['reward']:.2f})")
+    if ns.vllm:
+        total = sum(server["tokens"].values())
+        print(f"  {'vLLM':14s}: {server['wall']:7.1f} s  {server['runs'] / server['wall'] * 60:6.1f} runs/min  "
+              f"{total / server['wall']:6.1f} generated tok/s  ({dict(server['tokens'])}; {server['name']}; mean reward "
+              f"{server['reward']:.2f})")
+        if "batched" in results:
+            ours = results["batched"]
+            print(f"  vLLM vs ours   : {(total / server['wall']) / (sum(ours['tokens'].values()) / ours['wall']):.2f}x "
+                  f"generated tokens/s, both batched")
     if len(results) < 2:
         return
     b, s = results["batched"], results["one at a time"]
@@ -142,6 +187,7 @@ if __name__ == "__main__":
     parser.add_argument("--tool-format", choices=["json", "compact"], default=None, help="default: the adapter's")
     parser.add_argument("--rehearse-format", choices=["simulator", "inline"], default=None, help="default: the adapter's")
     parser.add_argument("--modes", default="batched,one at a time", help="which of the two modes to run")
+    parser.add_argument("--vllm", default=None, help="also roll out on this vLLM server (http://HOST:PORT/v1)")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=4)
