@@ -18,13 +18,12 @@ use offset"); `send_seeds=True` sends them to servers that take them (GPUs).
 
 from __future__ import annotations
 
-import asyncio
 import os
-import weakref
 from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import BackendError, UserError
+from envace_mcp.policy._server import ServerClient
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import adapter_formats
 from envace_mcp.policy.types import RawCompletion, SamplingParams
@@ -32,7 +31,6 @@ from envace_mcp.policy.types import RawCompletion, SamplingParams
 PREFIX = "vllm:"
 """`load_policy("vllm:http://host:port/v1")` and `--model vllm:…` select this backend."""
 
-API_KEY_ENV = ("VLLM_API_KEY", "OPENAI_API_KEY")
 MODEL_ENV = "ENVACE_VLLM_MODEL"
 """The served model name, when the server serves several (default: the first `/v1/models` lists)."""
 
@@ -66,16 +64,13 @@ class VLLMPolicy(TokenPolicy):
                  timeout_s: float = 300.0, retries: int = 3, backoff_s: float = 0.5, max_concurrency: int = 64,
                  eos_ids: set[int] | None = None, send_seeds: bool = False, **kwargs: Any) -> None:
         super().__init__(tokenizer, **kwargs)
-        self.url = base_url(url)
+        self.client = ServerClient(base_url(url), api_key=api_key, timeout_s=timeout_s, retries=retries,
+                                   backoff_s=backoff_s, max_concurrency=max_concurrency)
+        self.url = self.client.url
         self.model = model
         self.name = name or f"{model} (vLLM at {self.url})"
-        self.api_key = api_key if api_key is not None else next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None)
-        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        self.max_concurrency = max_concurrency
         self.send_seeds = send_seeds
         self._eos = set(eos_ids) if eos_ids else _turn_end_ids(tokenizer)
-        self._clients: weakref.WeakKeyDictionary[Any, tuple[Any, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
-        """One HTTP client and concurrency limit per event loop (httpx clients belong to the loop they start on)."""
         self.weight_version = 0
         """Bumped by `load_adapter`: which weights later requests are served by."""
 
@@ -89,7 +84,9 @@ class VLLMPolicy(TokenPolicy):
         for key in _ENGINE_ONLY:
             kwargs.pop(key, None)
         url = base_url(url)
-        served = _served_models(url, kwargs.get("api_key"), kwargs.get("timeout_s", 30.0))
+        served = ServerClient(url, api_key=kwargs.get("api_key"), timeout_s=30.0).request_sync("GET", "/models").get("data")
+        if not served:
+            raise BackendError(f"vLLM at {url} serves no model")
         wanted = model or os.environ.get(MODEL_ENV) or served[0]["id"]
         entry = next((m for m in served if m["id"] == wanted), None)
         if entry is None:
@@ -125,7 +122,7 @@ class VLLMPolicy(TokenPolicy):
         return body
 
     async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
-        data = await self._post("/completions", self.request(prompt_ids, sampling))
+        data = await self.client.post("/completions", self.request(prompt_ids, sampling))
         try:
             choice = data["choices"][0]
             ids = [int(t) for t in choice["token_ids"]]
@@ -152,96 +149,16 @@ class VLLMPolicy(TokenPolicy):
         `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; the folder must be readable by the server."""
         self.weight_version += 1
         name = name or f"{Path(folder).name}-v{self.weight_version}"
-        _sync_post(self.url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve()),
-                                                    "load_inplace": True}, self.api_key, self.timeout_s)
+        self.client.request_sync("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve()),
+                                                               "load_inplace": True})
         self.model = name
         for key, value in (adapter_formats(folder) if formats else {}).items():
             setattr(self, key, value)
         return name
 
-    # ------------------------------------------------------------------ HTTP
-
-    def _client(self) -> tuple[Any, asyncio.Semaphore]:
-        import httpx
-
-        loop = asyncio.get_running_loop()
-        if loop not in self._clients:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=self.timeout_s,
-                                       limits=httpx.Limits(max_connections=self.max_concurrency))
-            self._clients[loop] = (client, asyncio.Semaphore(self.max_concurrency))
-        return self._clients[loop]
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
-        client, slots = self._client()
-        delay = self.backoff_s
-        async with slots:
-            for attempt in range(self.retries + 1):
-                try:
-                    response = await client.post(path, json=body)
-                except httpx.TimeoutException as exc:
-                    raise BackendError(f"vLLM at {self.url} did not answer within {self.timeout_s:g} s") from exc
-                except httpx.TransportError as exc:
-                    if attempt == self.retries:
-                        raise BackendError(f"vLLM at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
-                                           f"tried {self.retries + 1} times") from exc
-                else:
-                    if response.status_code not in (502, 503, 504) or attempt == self.retries:
-                        return _json(response, self.url)
-                await asyncio.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def aclose(self) -> None:
-        """Close this loop's connections."""
-        entry = self._clients.pop(asyncio.get_running_loop(), None)
-        if entry is not None:
-            await entry[0].aclose()
-
-
-def _json(response: Any, url: str) -> dict[str, Any]:
-    if response.status_code >= 400:
-        try:
-            detail = response.json()
-            message = detail.get("error", {}).get("message") if isinstance(detail.get("error"), dict) else None
-            message = message or detail.get("message") or detail.get("detail") or response.text
-        except ValueError:
-            message = response.text
-        raise BackendError(f"vLLM at {url} answered {response.status_code}: {str(message)[:500]}")
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise BackendError(f"vLLM at {url} answered with no JSON: {response.text[:200]!r}") from exc
-
-
-def _sync_post(url: str, path: str, body: dict[str, Any], api_key: str | None, timeout_s: float) -> Any:
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.post(url + path, json=body, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise BackendError(f"vLLM at {url} is not reachable ({type(exc).__name__}: {exc})") from exc
-    if response.status_code >= 400:
-        _json(response, url)
-    return response.text
-
-
-def _served_models(url: str, api_key: str | None, timeout_s: float) -> list[dict[str, Any]]:
-    import httpx
-
-    key = api_key or next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None)
-    try:
-        response = httpx.get(url + "/models", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise BackendError(f"vLLM at {url} is not reachable ({type(exc).__name__}: {exc}); is the server running "
-                           "(python -m vllm.entrypoints.openai.api_server …)?") from exc
-    models = _json(response, url).get("data") or []
-    if not models:
-        raise BackendError(f"vLLM at {url} serves no model")
-    return models
+        """Close this event loop's connections to the server."""
+        await self.client.aclose()
 
 
 def _tokenizer(source: str | Path) -> Any:

