@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from envace_mcp.engine.model import eos_ids as turn_end_ids
 from envace_mcp.errors import BackendError, UserError
 from envace_mcp.policy._server import ServerClient
 from envace_mcp.policy.token_backend import TokenPolicy
@@ -70,7 +71,7 @@ class VLLMPolicy(TokenPolicy):
         self.model = model
         self.name = name or f"{model} (vLLM at {self.url})"
         self.send_seeds = send_seeds
-        self._eos = set(eos_ids) if eos_ids else _turn_end_ids(tokenizer)
+        self._eos = set(eos_ids) if eos_ids else turn_end_ids(None, tokenizer)  # as our engine's, without a model
         self.weight_version = 0
         """Bumped by `load_adapter`: which weights later requests are served by."""
 
@@ -169,11 +170,3 @@ def _tokenizer(source: str | Path) -> Any:
     except (OSError, ValueError) as exc:
         raise UserError(f"could not load the tokenizer of {str(source)!r} (the vLLM server's model): {exc}; "
                         "pass tokenizer= (a folder or id)") from exc
-
-
-def _turn_end_ids(tokenizer: Any) -> set[int]:
-    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    return ids
