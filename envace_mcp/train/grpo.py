@@ -144,7 +144,8 @@ def grpo_loss(
     weight = None
     if tis_cap is not None:
         engine_logp, old_logp = old_logp, logp.detach()
-        weight = torch.exp(old_logp - engine_logp).clamp(max=tis_cap)  # [B, T]
+        importance = torch.exp(old_logp - engine_logp)  # [B, T] π_ours / π_engine
+        weight = importance.clamp(max=tis_cap)  # [B, T]
     ratio = torch.exp(logp - old_logp)  # [B, T]
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + (epsilon_high if epsilon_high is not None else epsilon))  # [B, T]
     adv = advantages.unsqueeze(1)  # [B, 1]
@@ -184,6 +185,6 @@ def grpo_loss(
         if weight is not None:
             delta = engine_logp - old_logp  # [B, T] log(π_engine / π_ours)
             metrics |= {"mismatch_abs": float((delta.abs() * mask).sum() / tokens),
-                        "mismatch_kl": float(((torch.exp(-delta) + delta - 1) * mask).sum() / tokens),
-                        "tis_truncated": float(((torch.exp(-delta) > tis_cap).to(mask.dtype) * mask).sum() / tokens)}
+                        "mismatch_kl": float(((importance + delta - 1) * mask).sum() / tokens),
+                        "tis_truncated": float(((importance > tis_cap).to(mask.dtype) * mask).sum() / tokens)}
     return loss, metrics

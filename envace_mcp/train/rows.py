@@ -231,6 +231,18 @@ def collate(rows: list[Segment], pad_id: int = 0, *, share_prefix: bool = False)
                  spans=spans if packed else None, contexts=contexts if packed else None)
 
 
+def run_stretches(rows: list[Segment], order: Iterable[int]) -> list[list[int]]:
+    """Indices in `order` grouped into stretches of consecutive rows of one run (in prompt order a run's
+    rows are consecutive: they share its task and conversation; should they not be, each stretch is a group)."""
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and rows[groups[-1][-1]].run_id == rows[i].run_id:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def micro_batches(rows: list[Segment], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
     """Rows (in the order given: prompt order keeps a run's turns together) cut into passes of at most
     `max_rows` rows (0 = no limit) and, with `max_tokens`, at most that many packed tokens — counted as
@@ -254,13 +266,7 @@ def micro_batches(rows: list[Segment], max_rows: int, max_tokens: int | None = N
     def fits(n: int, extra: int) -> bool:
         return not ((max_rows and len(current) + n > max_rows) or (max_tokens and tokens + extra > max_tokens))
 
-    groups: list[list[int]] = []
-    for i, row in enumerate(rows):
-        if groups and rows[groups[-1][-1]].run_id == row.run_id:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    for group in groups:
+    for group in run_stretches(rows, range(len(rows))):
         extra, last = cost(group, previous if current else [])
         if current and not fits(len(group), extra):
             out.append(current)

@@ -32,6 +32,7 @@ from envace_mcp.train.rows import (
     micro_batches,
     prefix_order,
     prepare_for_training,
+    run_stretches,
 )
 
 
@@ -144,7 +145,7 @@ def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_pref
     1.42M and 1.34M in passes of 4,096). Otherwise rows are shuffled."""
     if share_prefix:
         chunks: list[list[int]] = []
-        for run in _runs_in_order(rows):
+        for run in run_stretches(rows, prefix_order(rows)):
             if chunks and len(chunks[-1]) + len(run) <= batch_size:
                 chunks[-1] += run
             else:
@@ -160,18 +161,6 @@ def steps_per_epoch(rows: list[Segment], config: SFTConfig) -> int:
     """Optimizer steps one epoch of `train_sft` takes (batches of whole runs can hold fewer rows than
     `batch_size`)."""
     return len(batches(rows, config.batch_size, random.Random(0), config.share_prefix))
-
-
-def _runs_in_order(rows: list[Segment]) -> list[list[int]]:
-    """Row indices in prompt order, grouped by run (a run's rows are consecutive there: they share its
-    task and conversation; should they not be, each stretch is its own group)."""
-    groups: list[list[int]] = []
-    for i in prefix_order(rows):
-        if groups and rows[groups[-1][-1]].run_id == rows[i].run_id:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
 
 
 def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,

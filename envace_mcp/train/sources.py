@@ -131,6 +131,11 @@ class RolloutGroups:
         self.served: str | None = None
         """With a rollout server: the adapter version it serves ("step-N", the weights after N steps)."""
 
+    @property
+    def backend(self) -> Any:
+        """The policy that generates: `policy` itself, or the one inside a wrapper (e.g. `ForcedPolicy`)."""
+        return getattr(self.policy, "base", self.policy)
+
     def serve(self, step: int) -> str:
         """Save the adapter being trained (after `step` steps) to `out/served/step-N` — a new folder each
         time: vLLM keeps prefix-cache blocks of an adapter reloaded from the same path — and hot-load it."""
@@ -138,7 +143,7 @@ class RolloutGroups:
         if self.served != name:
             folder = self.out / "served" / name
             self.learner.model.save_pretrained(folder)
-            getattr(self.policy, "base", self.policy).load_adapter(folder, name=name)
+            self.backend.load_adapter(folder, name=name)
             self.served = name
         return name
 
@@ -149,14 +154,13 @@ class RolloutGroups:
         picked = [self.tasks[i] for i in order.take(config.groups_per_step, len(self.tasks))]
         picked = picked[learner.rank::learner.world_size]
         learner.model.eval()
-        backend = getattr(self.policy, "base", self.policy)  # a wrapper (e.g. ForcedPolicy) or the policy itself
         served = self.serve(step) if learner.config.rollout_server else None
         traces = anyio.run(self._collect, picked, step)  # a step is synchronous; rollouts run on their own loop
         if served is not None:
             for trace in traces:
                 trace.metadata["weights"] = served
         else:  # the update changes the weights: the engine's cached keys/values are freed now, so the
-            backend.engine.weights_changed()  # update's activations never sit next to them (peak memory)
+            self.backend.engine.weights_changed()  # update's activations never sit next to them (peak memory)
         learner.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
@@ -176,7 +180,7 @@ class RolloutGroups:
                                                         toolbox=toolbox, tools=self.tools, gate=self.gate,
                                                         sampling=self.sampling, group_id=f"step{step + 1}:{task.id}")
                                           for task in tasks))
-            closing = getattr(getattr(self.policy, "base", self.policy), "aclose", None)
+            closing = getattr(self.backend, "aclose", None)
             if closing is not None:  # a server's HTTP client belongs to this step's event loop
                 await closing()
         return [t for group in runs for t in group]
