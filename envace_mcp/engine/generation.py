@@ -32,9 +32,10 @@ from envace_mcp.engine.attention import base_model, use_for_decoding
 from envace_mcp.engine.batch import DecodeBatch, plain_layers
 from envace_mcp.engine.batcher import Batcher, ListFeed
 from envace_mcp.engine.lora import merged_lora
-from envace_mcp.engine.model import cache_keyword, dense_head_input, eos_ids, weights_key
+from envace_mcp.engine.model import cache_keyword, dense_head_input, weights_key
 from envace_mcp.engine.prefix_cache import PrefixCache, cache_layers
 from envace_mcp.engine.sampling import sample
+from envace_mcp.engine.turns import eos_ids
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.errors import UserError
 

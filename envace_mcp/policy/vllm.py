@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envace_mcp.engine.model import eos_ids as turn_end_ids
+from envace_mcp.engine.turns import eos_ids as turn_end_ids
 from envace_mcp.errors import BackendError, UserError
 from envace_mcp.policy._server import ServerClient
 from envace_mcp.policy.token_backend import TokenPolicy
