@@ -250,7 +250,7 @@ def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str
     prediction. The reply is what a server's tool message holds: JSON for structured results, and for
     failures the server's error text (`Error executing tool …`) — there is no status bit in the text a
     model sees, so prose from a tool that returns structured results, or prose starting with "Error",
-    is a predicted tool error. `close` is the template's end of the tool turn (cut off when present)."""
+    is a predicted tool error; markup (a `<tool_call>`, a template tag) is no reply at all. `close` is the template's end of the tool turn (cut off when present)."""
     _, body, _ = _split_thinking(text or "")
     marker = close.strip()
     if marker and marker in body:
@@ -258,6 +258,10 @@ def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str
     body = body.strip()
     if not body:
         return _invalid(call, "EMPTY_OUTPUT", "the rehearsal produced no text")
+    if body.startswith("<tool_call>") or (body[0] == "<" and tool is not None and tool.output_schema):
+        # the model took the next act turn (or wrote template markup) where the tool's reply goes: no
+        # prediction at all, not a predicted failure that would block a destructive call
+        return _invalid(call, "NOT_A_TOOL_REPLY", f"the rehearsal wrote markup, not the tool's reply: {body[:60]!r}")
     if body[0] in "{[":
         try:
             value, repaired = loads_lenient(body)

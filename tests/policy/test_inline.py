@@ -129,6 +129,9 @@ async def test_in_simulated_mode_the_rehearsal_is_the_tool_turn_the_trajectory_c
     ('{"account_id": "CHK-1", "balance": "lots"}', "invalid", "OUTPUT_SCHEMA_MISMATCH"),
     ('{"account_id": ', "invalid", "INVALID_JSON"),
     ("\n</tool_response>", "invalid", "EMPTY_OUTPUT"),
+    # the model took the next act turn where the reply goes: unusable, not a predicted failure
+    ('<tool_call>\n{"name": "get_balance", "arguments": {"account_id": "CHK-1"}}\n</tool_call>', "invalid", "NOT_A_TOOL_REPLY"),
+    ("<|im_start|>assistant\nYour balance is", "invalid", "NOT_A_TOOL_REPLY"),
     ('{"error_tool_call": {"code": "INVALID_PARAMETERS", "details": "amount"}}', "tool_error", "INVALID_PARAMETERS"),
 ])
 def test_a_tool_turn_parses_into_a_typed_prediction(bank_catalog, text, status, code):
