@@ -54,16 +54,17 @@ async def test_act_and_rehearse_give_typed_output_exact_tokens_and_matching_logp
 
 async def test_the_shipped_adapter_makes_the_embedded_agent_call_the_reference_tool(smol):
     """The adapter that ships with the package (what `envace demo` loads) against the bare model, both
-    greedy, through the whole graph on the demo's task and the real in-process bank server."""
+    greedy, through the whole graph on the task README names as one it solves (a transfer) and the
+    real in-process bank server."""
     from envace_mcp.eval import get_suite, run_task
     from envace_mcp.graph import GateConfig
     from envace_mcp.policy.embedded import embedded_adapter
     from envace_mcp.toolbox import Toolbox
 
     suite = get_suite("bank")
-    task = suite.split("test")[0]  # the demo's default task: a balance question
+    task = suite.task("bank/test/0002")  # `envace demo --task bank/test/0002 --yes`
     want = task.actions[0]
-    greedy = SamplingParams(max_new_tokens=64, temperature=0.0)
+    greedy = SamplingParams(max_new_tokens=96, temperature=0.0)
     tuned = load_policy(None, adapter=embedded_adapter())
     assert type(tuned.model).__name__.startswith("PeftModel")
     first_calls = []
