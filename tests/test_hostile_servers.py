@@ -177,9 +177,10 @@ async def test_a_server_flooding_stderr_costs_a_bounded_tail_and_leaves_no_file(
     async with Toolbox({"flood": raw(stderr_mb=20)}) as toolbox:
         assert (await toolbox.call("echo", {})).text == "ok echo"
         conn = toolbox._connections["flood"]
-        assert wait_until(lambda: conn._stderr.total >= 20 * 1024 * 1024, 20)
+        # the call's own line comes after the flood on the same pipe: wait until the reader has it too
+        assert wait_until(lambda: conn._stderr.total >= 20 * 1024 * 1024
+                          and toolbox.server_log("flood").endswith("call echo\n"), 20), toolbox.server_log("flood")[-200:]
         assert len(conn._stderr._buffer) <= conn._stderr.LIMIT
-        assert toolbox.server_log("flood").endswith("call echo\n")
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "envace-*"))) == before
 
 

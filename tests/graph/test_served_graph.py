@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import HumanMessage
 
+from envace_mcp.eval import get_suite
 from envace_mcp.graph.served import close_shared
 from envace_mcp.testing import ScriptedPolicy
 from helpers import PROBE, children_of, wait_until
@@ -80,8 +81,8 @@ def test_langgraph_dev_serves_the_graph_and_a_run_over_its_http_api_completes_wi
                               cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_port(port, server, 120)
-        body = {"assistant_id": "envace",
-                "input": {"messages": [{"role": "user", "content": "What is the balance of account CHK-9995?"}]}}
+        question = get_suite("bank").split("test")[0].instruction  # `envace demo`'s task, phrased as trained
+        body = {"assistant_id": "envace", "input": {"messages": [{"role": "user", "content": question}]}}
         request = urllib.request.Request(f"http://127.0.0.1:{port}/runs/wait", data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json"})
         with urllib.request.urlopen(request, timeout=800) as response:
