@@ -138,7 +138,7 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
 def traces_reference(
     out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write")],
     suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
-    split: Annotated[Literal["train", "test"], typer.Option(help="which split's tasks")] = "train",
+    split: Annotated[Literal["train", "test", "validation", "fit"], typer.Option(help="which split's tasks (validation: every 8th train task of each kind; fit: the rest of train)")] = "train",
     limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
     model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids and logprobs")] = None,
     logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,

@@ -30,6 +30,28 @@ from envace_mcp.servers._common import (
 from envace_mcp.toolbox import ToolResult
 
 
+SPLITS = ("train", "test", "validation", "fit")
+VALIDATION_EVERY = 8
+"""Every 8th train task of each kind is held out as `validation`: 24 of bank's 264, 30 of retail's 240."""
+
+
+def split_tasks(tasks: Sequence[Task], split: str) -> list[Task]:
+    """A suite's tasks of one split. Besides the suite's own `train` and `test`: `validation`, carved out
+    of `train` (every `VALIDATION_EVERY`-th task of each kind, in the suite's order, so each kind is
+    represented and the carve never changes), for choosing checkpoints, arms and hyperparameters without
+    touching `test`; and `fit`, the rest of `train`, to train on when `validation` decides."""
+    if split not in ("validation", "fit"):
+        return [t for t in tasks if t.split == split]
+    seen: dict[str, int] = {}
+    held = []
+    for task in tasks:
+        if task.split == "train":
+            seen[task.kind] = seen.get(task.kind, 0) + 1
+            held.append(seen[task.kind] % VALIDATION_EVERY == 0)
+    train = [t for t in tasks if t.split == "train"]
+    return [t for t, h in zip(train, held) if h == (split == "validation")]
+
+
 class TaskSuite(Protocol):
     """What `run_task` and `envace eval` need from a suite (bundled, τ², BFCL, or your own).
 
@@ -87,8 +109,8 @@ class Suite:
     def tasks(self) -> Sequence[Task]:
         return self._tasks_module.generate_suite(self.seed)
 
-    def split(self, split: Literal["train", "test"]) -> list[Task]:
-        return [t for t in self.tasks if t.split == split]
+    def split(self, split: Literal["train", "test", "validation", "fit"]) -> list[Task]:
+        return split_tasks(self.tasks, split)
 
     def task(self, task_id: str) -> Task:
         return find_task(self, task_id)

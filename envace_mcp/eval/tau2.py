@@ -93,7 +93,9 @@ class Tau2Suite:
         return out
 
     def split(self, split: str) -> list[Task]:
-        return [t for t in self.tasks if t.split == split]
+        from envace_mcp.eval.suites import split_tasks
+
+        return split_tasks(self.tasks, split)
 
     def task(self, task_id: str) -> Task:
         from envace_mcp.eval.suites import find_task

@@ -28,6 +28,20 @@ def test_each_suite_has_at_least_300_tasks_with_fixed_splits(suite):
     assert [t.instruction for t in other_seed] != [t.instruction for t in tasks]
 
 
+def test_validation_is_carved_out_of_train_by_kind_and_fit_is_the_rest(suite):
+    train, validation, fit = suite.split("train"), suite.split("validation"), suite.split("fit")
+    assert {t.id for t in validation}.isdisjoint(t.id for t in fit)
+    assert sorted(t.id for t in validation + fit) == sorted(t.id for t in train)
+    kinds = {t.kind for t in train}
+    assert {t.kind for t in validation} == {k for k in kinds if sum(t.kind == k for t in train) >= 8}
+    for kind in kinds:  # every 8th of each kind, in the suite's order
+        of_kind = [t.id for t in train if t.kind == kind]
+        assert [t.id for t in validation if t.kind == kind] == of_kind[7::8]
+    assert 20 <= len(validation) <= len(train) // 8
+    assert [t.id for t in get_suite(suite.name).split("validation")] == [t.id for t in validation]  # fixed
+    assert not suite.split("validation") or suite.split("test")[0].id not in {t.id for t in validation}
+
+
 def _entities(task) -> set[str]:
     text = task.instruction + " " + " ".join(str(a.arguments) for a in task.actions)
     return set(re.findall(r"(?:\b[A-Z]{1,4}-\d{4,5}\b|\b[a-z]+_[a-z]+_\d{4}\b|#W\d+|\b[A-Z]{4}\b)", text))
