@@ -74,6 +74,7 @@ def train_grpo_command(
     traces: Annotated[Optional[Path], typer.Option(exists=True, file_okay=False,
                                                    help="offline: a trace folder of grouped, rewarded runs")] = None,
     suite: Annotated[Optional[str], typer.Option(help="online: roll out this bundled suite's train tasks")] = None,
+    split: Annotated[Literal["train", "fit"], typer.Option(help="online: which tasks to roll out (fit: train without the validation tasks)")] = "train",
     k: Annotated[int, typer.Option(min=2, help="online: runs per task (GRPO group size)")] = 4,
     mode: Annotated[Literal["simulated", "real", "mixed"], typer.Option(help="online: where tool results come from")] = "simulated",
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 128,
@@ -102,7 +103,7 @@ def train_grpo_command(
         if traces is not None:
             trainer: Any = OfflineGRPO(settings, _store(traces).directory, out)
         else:
-            trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens)
+            trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split)
         records = trainer.run(progress=True)
     except EnvaceError as exc:
         _fail(exc)
@@ -111,7 +112,8 @@ def train_grpo_command(
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
 
 
-def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int) -> Any:
+def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int,
+                    split: str = "train") -> Any:
     from envace_mcp.policy import SamplingParams
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.train.trainer import OnlineGRPO
@@ -124,4 +126,4 @@ def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
     return OnlineGRPO(settings, suite, out, k=k, mode=mode, tools=anyio.run(catalog),
-                      sampling={"act": params, "rehearse": params})
+                      sampling={"act": params, "rehearse": params}, split=split)

@@ -35,6 +35,13 @@ class GRPOConfig(BaseModel):
     0 to the loss and the gradient: the step leaves them out of the forward/backward passes (same update,
     same loss; ratio/clip metrics then cover the scored tokens). After SFT on the bank suite most groups are
     like that: 7 of 8 in a 2-step act-only online run, whose second update spent 13 min on a zero gradient."""
+    dynamic_sampling: int = 0
+    """Online GRPO, DAPO's dynamic sampling: a group whose runs all scored alike has advantage 0 everywhere
+    and teaches nothing; with N > 0 such groups are dropped and up to N further rounds of rollouts draw
+    the next tasks of the seeded order in their place, until `groups_per_step` groups carry signal (or
+    the rounds run out: the step trains on those it has). 0: off, the step keeps every group. Either way
+    each step logs `uniform_groups` (the fraction of the groups it rolled out that carried no signal) and
+    `rolled_groups`. After SFT on bank, 7 of 8 groups were uniform in a 2-step run."""
     loss_type: Literal["token_mean", "sequence_mean", "dr_grpo", "dapo"] = "token_mean"
     """EnvACE aggregates by token mean. Two deliberate differences from TRL's same-named losses:
     `token_mean` divides by every completion token of the *step* (all micro-batches and ranks: one step's

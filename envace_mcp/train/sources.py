@@ -59,6 +59,13 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
     return groups_of([r for r in rows if r.old_logprobs is not None])
 
 
+def has_signal(group: list[Segment], config: GRPOConfig) -> bool:
+    """Whether a group's segments carry any non-zero advantage (runs that scored alike carry none)."""
+    from envace_mcp.train.advantages import step_advantages
+
+    return bool(group) and bool((step_advantages([group], config) != 0).any())
+
+
 def refuse_untrainable_act(traces: list[Trace]) -> None:
     """GRPO's act role needs the logprobs each act turn was sampled with; runs whose act turns have none
     (a foreign chat model wrote them, or teacher-forced turns recorded without scores) are refused with
@@ -107,6 +114,9 @@ class RolloutGroups:
         from envace_mcp.policy.transformers import TransformersPolicy
 
         config = learner.config
+        if config.dynamic_sampling and learner.world_size > 1:
+            raise UserError("dynamic_sampling draws replacement tasks on one process; under torchrun the ranks "
+                            "would draw different ones (not done): set it to 0 or train in one process")
         self.learner, self.suite, self.out = learner, suite, out
         self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
         self.sampling = sampling or {}
@@ -128,6 +138,8 @@ class RolloutGroups:
                                              kv_budget_gb=rollout_kv_gb(config.rollout_kv_gb, learner.model),
                                              prefix_cache_tokens=config.rollout_prefix_cache_tokens, **formats)
         """The rollout policy (replaceable, e.g. by a `ForcedPolicy` around it)."""
+        self.stats: dict[str, float] = {}
+        """The last step's rollout figures (`uniform_groups`, `rolled_groups`), logged with its metrics."""
         self.served: str | None = None
         """With a rollout server: the adapter version it serves ("step-N", the weights after N steps)."""
 
@@ -148,26 +160,45 @@ class RolloutGroups:
         return name
 
     def next(self, order: SeededOrder, config: GRPOConfig, step: int) -> list[list[Segment]]:
-        import anyio
-
+        """This step's groups: `groups_per_step` tasks rolled out K times; with `dynamic_sampling`, groups
+        without signal are replaced by further rounds. `stats` then holds what the step rolled out."""
         learner = self.learner
-        picked = [self.tasks[i] for i in order.take(config.groups_per_step, len(self.tasks))]
-        picked = picked[learner.rank::learner.world_size]
         learner.model.eval()
         served = self.serve(step) if learner.config.rollout_server else None
-        traces = anyio.run(self._collect, picked, step)  # a step is synchronous; rollouts run on their own loop
+        learner.ce_rows.clear()  # real-output CE rows of this step's groups only
+        kept: list[list[Segment]] = []
+        rolled = uniform = 0
+        for round_ in range(config.dynamic_sampling + 1):
+            wanted = config.groups_per_step - (len(kept) if config.dynamic_sampling else 0)
+            picked = [self.tasks[i] for i in order.take(wanted, len(self.tasks))]
+            picked = picked[learner.rank::learner.world_size]
+            if not picked:
+                break
+            groups = self._roll(picked, step, served, round_)
+            signal = [g for g in groups if has_signal(g, config)]
+            rolled += len(groups)
+            uniform += len(groups) - len(signal)
+            kept += signal if config.dynamic_sampling else groups
+            if not config.dynamic_sampling or len(kept) >= config.groups_per_step:
+                break
+        if served is None:  # the update changes the weights: the engine's cached keys/values are freed now, so the
+            self.backend.engine.weights_changed()  # update's activations never sit next to them (peak memory)
+        self.stats = {"uniform_groups": uniform / max(rolled, 1), "rolled_groups": float(rolled)}
+        return kept
+
+    def _roll(self, tasks: list[Any], step: int, served: str | None, round_: int) -> list[list[Segment]]:
+        import anyio
+
+        traces = anyio.run(self._collect, tasks, step, round_)  # a step is synchronous; rollouts run on their own loop
         if served is not None:
             for trace in traces:
                 trace.metadata["weights"] = served
-        else:  # the update changes the weights: the engine's cached keys/values are freed now, so the
-            self.backend.engine.weights_changed()  # update's activations never sit next to them (peak memory)
-        learner.ce_rows.clear()  # real-output CE rows of this step's groups only
         store = TraceStore(self.out / "traces")
         for trace in traces:
             store.append(trace)
-        return trainable_groups(traces, learner)
+        return trainable_groups(traces, self.learner)
 
-    async def _collect(self, tasks: list[Any], step: int) -> list[Trace]:
+    async def _collect(self, tasks: list[Any], step: int, round_: int = 0) -> list[Trace]:
         from envace_mcp.train.rollouts import rollout_group
 
         async with contextlib.AsyncExitStack() as stack:
@@ -178,7 +209,8 @@ class RolloutGroups:
                 toolbox = await stack.enter_async_context(Toolbox({self.suite.name: self.suite.build_server()}))
             runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
                                                         toolbox=toolbox, tools=self.tools, gate=self.gate,
-                                                        sampling=self.sampling, group_id=f"step{step + 1}:{task.id}")
+                                                        sampling=self.sampling,
+                                                        group_id=f"step{step + 1}:{task.id}" + (f":r{round_}" if round_ else ""))
                                           for task in tasks))
             closing = getattr(self.backend, "aclose", None)
             if closing is not None:  # a server's HTTP client belongs to this step's event loop

@@ -51,16 +51,17 @@ class GRPOTrainer:
     def pad_id(self) -> int:
         return self.learner.pad_id
 
-    def update(self, groups: list[list[Segment]]) -> dict[str, float]:
-        """One optimizer step over `groups`, logged as the next step."""
+    def update(self, groups: list[list[Segment]], extra: dict[str, float] | None = None) -> dict[str, float]:
+        """One optimizer step over `groups`, logged as the next step (with the source's `extra` figures)."""
         record = self.learner.update(groups)
         self.step += 1
-        record = {"step": self.step, **record}
+        record = {"step": self.step, **record, **(extra or {})}
         self.metrics.append(record)
         return record
 
     def train_step(self) -> dict[str, float]:
-        return self.update(self.source.next(self.order, self.config, self.step))
+        groups = self.source.next(self.order, self.config, self.step)
+        return self.update(groups, getattr(self.source, "stats", None))
 
     def save(self) -> None:
         self.checkpoints.save(step=self.step, model=self.model, optimizer=self.learner.optimizer,

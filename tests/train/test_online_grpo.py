@@ -96,3 +96,68 @@ def test_online_grpo_in_real_mode_runs_against_the_suite_server_and_scores_its_s
     for trace in traces:  # the call really reached the suite's server, which answered for itself
         tool = next(s for s in trace.steps if s.role == "tool")
         assert not tool.simulated and tool.result["is_error"] and "C-0000" in json.dumps(tool.result)
+
+
+@pytest.mark.parametrize("rounds", [0, 3])
+def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(tmp_path, bank_catalog, rounds):
+    """Two of four tasks get groups whose runs differ (the first turn alternates between the reference
+    call and an idle "Done."); the other two always run the reference, so their groups score alike.
+    With dynamic sampling the step keeps drawing tasks until it has two groups with signal; without it,
+    the step keeps its first two groups whatever they scored. Both log the uniform fraction."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.policy.forced import ForcedPolicy
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.sources import SeededOrder
+    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+
+    suite = get_suite("bank")
+    writes = [t for t in suite.split("fit") if t.outcome == "success" and len(t.actions) == 1 and t.write_actions]
+    tasks = writes[:4]
+    varied = {tasks[0].instruction, tasks[3].instruction}
+    roles = {t.instruction: reference_roles(suite, t) for t in tasks}
+    starts: dict[str, int] = {}
+
+    def act(request):
+        if not request.messages:  # a run's first turn: alternate within the varied tasks' groups
+            starts[request.task] = starts.get(request.task, 0) + 1
+            if request.task in varied and starts[request.task] % 2 == 0:
+                return "Done."
+        return roles[request.task]["act"](request)
+
+    folder = build_tiny_qwen3(tmp_path / "tiny")
+    short = SamplingParams(max_new_tokens=6)
+    config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=2, micro_batch=8, dynamic_sampling=rounds)
+    trainer = OnlineGRPO(config, suite, tmp_path / "run", k=2, tools=bank_catalog, gate=GateConfig(max_steps=2),
+                         sampling={"act": short, "rehearse": short},
+                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
+    trainer.source.tasks = tasks
+    def rehearse(request):
+        task = next(m.content for m in request.history if isinstance(m, HumanMessage))
+        return roles[task]["rehearse"](request)
+
+    trainer.policy = ForcedPolicy(trainer.policy, act=act, rehearse=rehearse)
+    record = trainer.run()[0]
+
+    order = SeededOrder(config.seed)  # the tasks the seeded order hands out, in turn
+    drawn = [tasks[i] for i in order.take(4, 4)]
+    if rounds:  # draw until two varied groups are in: all four at worst
+        last = max(i for i, t in enumerate(drawn) if t.instruction in varied)
+        expected = drawn[:last + 1]
+    else:
+        expected = drawn[:2]
+    traces = list(TraceStore(tmp_path / "run" / "traces").read())
+    assert len(traces) == 2 * len(expected)  # every group rolled out is recorded, kept or not
+    assert sorted({t.task_id for t in traces}) == sorted(t.id for t in expected)
+    assert record["rolled_groups"] == len(expected)
+    uniform = sum(t.instruction not in varied for t in expected)
+    assert record["uniform_groups"] == pytest.approx(uniform / len(expected))
+    trained = 2 * (2 if rounds else 2 - uniform)  # runs in the update: kept groups x k
+    scores = {t.task_id: t.reward("task") for t in traces}
+    assert all(scores[t.id] is not None for t in expected)
+    varied_rewards = [sorted(t.reward("task").value for t in traces if t.task_id == task.id) for task in expected
+                      if task.instruction in varied]
+    assert all(r[0] < r[1] for r in varied_rewards)  # their runs really scored differently
+    assert record["segments"] >= trained  # every kept run's act turns at least
