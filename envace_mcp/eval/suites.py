@@ -30,7 +30,6 @@ from envace_mcp.servers._common import (
 from envace_mcp.toolbox import ToolResult
 
 
-SPLITS = ("train", "test", "validation", "fit")
 VALIDATION_EVERY = 8
 """Every 8th train task of each kind is held out as `validation`: 24 of bank's 264, 30 of retail's 240."""
 
@@ -43,13 +42,13 @@ def split_tasks(tasks: Sequence[Task], split: str) -> list[Task]:
     if split not in ("validation", "fit"):
         return [t for t in tasks if t.split == split]
     seen: dict[str, int] = {}
-    held = []
+    out = []
     for task in tasks:
         if task.split == "train":
             seen[task.kind] = seen.get(task.kind, 0) + 1
-            held.append(seen[task.kind] % VALIDATION_EVERY == 0)
-    train = [t for t in tasks if t.split == "train"]
-    return [t for t, h in zip(train, held) if h == (split == "validation")]
+            if (seen[task.kind] % VALIDATION_EVERY == 0) == (split == "validation"):
+                out.append(task)
+    return out
 
 
 class TaskSuite(Protocol):

@@ -250,7 +250,8 @@ def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str
     prediction. The reply is what a server's tool message holds: JSON for structured results, and for
     failures the server's error text (`Error executing tool …`) — there is no status bit in the text a
     model sees, so prose from a tool that returns structured results, or prose starting with "Error",
-    is a predicted tool error; markup (a `<tool_call>`, a template tag) is no reply at all. `close` is the template's end of the tool turn (cut off when present)."""
+    is a predicted tool error; markup (a `<tool_call>`, a template tag) is no reply at all. `close` is the
+    template's end of the tool turn (cut off when present)."""
     _, body, _ = _split_thinking(text or "")
     marker = close.strip()
     if marker and marker in body:

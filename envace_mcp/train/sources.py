@@ -169,7 +169,7 @@ class RolloutGroups:
         kept: list[list[Segment]] = []
         rolled = uniform = 0
         for round_ in range(config.dynamic_sampling + 1):
-            wanted = config.groups_per_step - (len(kept) if config.dynamic_sampling else 0)
+            wanted = config.groups_per_step - len(kept)
             picked = [self.tasks[i] for i in order.take(wanted, len(self.tasks))]
             picked = picked[learner.rank::learner.world_size]
             if not picked:
