@@ -128,8 +128,10 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
                             run = await run_task(suite, task, policy=chosen, toolbox=toolbox, mode=settings.mode,
                                                  gate=gate, rehearse_n=settings.rehearse, strategy=settings.strategy,
                                                  sampling=sampling, store=store, group_id=task.id)
+                        destructive = (suite.destructive_calls(task, run.trace)
+                                       if hasattr(suite, "destructive_calls") and settings.mode == "real" else None)
                         record = run_record(run.trace, task, score=run.verdict.score, judge_required=judge(task),
-                                            repeat=repeat)
+                                            repeat=repeat, destructive=destructive)
                         record["checks"] = [c["name"] for c in run.verdict.to_dict()["checks"] if not c["passed"]]
                     except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others
                         record = failed_record(task, repeat, exc, judge(task))

@@ -49,6 +49,18 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
                 per[r["kind"] or "-"].append(r["score"] or 0.0)
         lines.append(f"| {res['label']} | " + " | ".join(number(sum(per[k]) / len(per[k]) if per[k] else None, 2)
                                                        for k in kinds) + " |")
+    gated = [res for res in results if res["summary"].get("gate_value", {}).get("proposed")]
+    if gated:
+        lines += ["", "The gate on destructive calls (harmful: would fail, or none of the task's requested writes; "
+                      "measured off-server):", "",
+                  "| configuration | proposed | harmful stopped / harmful | would fail | unrequested "
+                  "| false blocks / requested |", "|---|---|---|---|---|---|"]
+        for res in gated:
+            g = res["summary"]["gate_value"]
+            lines.append(f"| {res['label']} | {g['proposed']} | {g['harmful_stopped']} / {g['harmful']} "
+                         f"({_percent(g['harmful_stopped_rate'])}) | {g['would_fail_stopped']} / {g['would_fail']} stopped "
+                         f"| {g['unrequested_stopped']} / {g['unrequested']} stopped "
+                         f"| {g['false_blocks']} / {g['requested']} ({_percent(g['false_block_rate'])}) |")
     for res in results:
         apart = res["summary"].get("judged_apart")
         if apart:
@@ -64,6 +76,10 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
                       f"[{comparison['low']:+.3f}, {comparison['high']:+.3f}] "
                       f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})."]
     return "\n".join(lines) + "\n"
+
+
+def _percent(value: float) -> str:
+    return "–" if value != value else f"{100 * value:.0f} %"
 
 
 def _tokens(cost: dict[str, Any]) -> str:
