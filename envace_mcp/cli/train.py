@@ -104,12 +104,29 @@ def train_grpo_command(
             trainer: Any = OfflineGRPO(settings, _store(traces).directory, out)
         else:
             trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split)
-        records = trainer.run(progress=True)
+        records = _interruptible(trainer.run)
     except EnvaceError as exc:
         _fail(exc)
     if records:
         console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
+
+
+def _interruptible(run: Any) -> Any:
+    """`run(progress=True)` with SIGTERM (a job scheduler's stop, `timeout`, `kill`) raised as an exit, so
+    the trainer keeps the last completed step; Ctrl-C does the same."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return run(progress=True)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int,

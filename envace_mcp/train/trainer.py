@@ -77,25 +77,60 @@ class GRPOTrainer:
         return True
 
     def run(self, progress: bool = False) -> list[dict[str, float]]:
+        """Train to `config.steps`. Interrupted (Ctrl-C, or SIGTERM under `envace train`) between
+        checkpoints, a single-process LoRA run first writes the last *completed* step as its checkpoint
+        (the state it had right after that step, so resuming stays bit-for-bit), then stops."""
         self.load()
         records = []
         from envace_mcp._progress import Progress
 
+        snapshot = None
         with contextlib.ExitStack() as stack:
             bar = (stack.enter_context(Progress("GRPO", total=self.config.steps, completed=self.step))
                    if progress and self.learner.rank == 0 else None)
-            while self.step < self.config.steps:
-                records.append(self.train_step())
-                if bar is not None:
-                    shown = {"loss": 4, "reward": 3}
-                    bar.update(completed=self.step, **{k: round(records[-1][k], n) for k, n in shown.items()
-                                                       if k in records[-1]})
-                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
-                    self.save()
+            try:
+                while self.step < self.config.steps:
+                    records.append(self.train_step())
+                    if bar is not None:
+                        shown = {"loss": 4, "reward": 3}
+                        bar.update(completed=self.step, **{k: round(records[-1][k], n) for k, n in shown.items()
+                                                           if k in records[-1]})
+                    if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                        self.save()
+                        snapshot = None
+                    elif self.config.lora and self.learner.world_size == 1:
+                        snapshot = self._snapshot()  # LoRA: a few MB, cheap next to a step
+            except (KeyboardInterrupt, SystemExit):
+                if snapshot is not None:
+                    self._save_snapshot(snapshot)
+                raise
         if self.learner.rank == 0:
             plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
         distributed.barrier()
         return records
+
+    def _snapshot(self) -> dict[str, Any]:
+        import copy
+
+        import torch
+
+        return {"step": self.step, "params": {n: p.detach().clone() for n, p in self.model.named_parameters()
+                                              if p.requires_grad},
+                "optimizer": copy.deepcopy(self.learner.optimizer.state_dict()), "order": copy.deepcopy(self.order.state()),
+                "torch_rng": torch.get_rng_state()}
+
+    def _save_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Put the model, optimizer and RNG back as they were after the snapshot's step, and save that."""
+        import torch
+
+        named = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in snapshot["params"].items():
+                named[name].copy_(value)
+        self.learner.optimizer.load_state_dict(snapshot["optimizer"])
+        torch.set_rng_state(snapshot["torch_rng"])
+        self.checkpoints.save(step=snapshot["step"], model=self.model, optimizer=self.learner.optimizer,
+                              order=snapshot["order"], config=self.config.model_dump())
 
 
 class OfflineGRPO(GRPOTrainer):

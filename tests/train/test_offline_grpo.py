@@ -93,17 +93,17 @@ def test_fidelity_reward_and_real_output_ce_are_off_by_default_and_work_when_on(
     assert records[-1]["ce"] < records[0]["ce"]  # the rehearse role learns the recorded real outputs
 
 
-def test_kill_9_mid_training_then_the_same_command_resumes_to_the_parameters_of_an_uninterrupted_run(tiny_dir, tmp_path):
-    """A real SIGKILL of a training process (no cleanup, no atexit), then the same command again."""
+def _stop_part_way(tiny_dir, tmp_path, sig, *, checkpoint_every, after_lines):
+    """`envace train grpo` run straight to step 6 and, in another folder, sent `sig` once its metrics have
+    `after_lines` lines; returns (the stopped process's exit code, its checkpoint, the command, env)."""
     import os
-    import signal
     import subprocess
     import sys
     import time
 
     config = tmp_path / "grpo.json"
     config.write_text(json.dumps({"model": str(tiny_dir), "lr": 1e-3, "steps": 6, "groups_per_step": 1,
-                                  "micro_batch": 2, "checkpoint_every": 1}))
+                                  "micro_batch": 2, "checkpoint_every": checkpoint_every}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
     def command(out):
@@ -111,26 +111,43 @@ def test_kill_9_mid_training_then_the_same_command_resumes_to_the_parameters_of_
                 "--config", str(config)]
 
     subprocess.run(command(tmp_path / "straight"), env=env, check=True, capture_output=True, timeout=600)
-    killed = subprocess.Popen(command(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = tmp_path / "killed" / "metrics.jsonl"
+    stopped = subprocess.Popen(command(tmp_path / "stopped"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "stopped" / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and killed.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:  # step 3 is checkpointed by then
+    while time.monotonic() < deadline and stopped.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= after_lines:
             break
         time.sleep(0.02)
-    assert killed.poll() is None, "training finished before it could be killed"
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.wait()
-    state = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=False)
-    assert 3 <= state["step"] < 6  # it really stopped part-way
-    subprocess.run(command(tmp_path / "killed"), env=env, check=True, capture_output=True, timeout=600)
+    assert stopped.poll() is None, "training finished before it could be stopped"
+    os.kill(stopped.pid, sig)
+    code = stopped.wait(timeout=120)
+    state = torch.load(tmp_path / "stopped" / "checkpoint" / "state.pt", weights_only=False)
+    subprocess.run(command(tmp_path / "stopped"), env=env, check=True, capture_output=True, timeout=600)
     a = torch.load(tmp_path / "straight" / "checkpoint" / "state.pt", weights_only=False)
-    b = torch.load(tmp_path / "killed" / "checkpoint" / "state.pt", weights_only=False)
-    assert a["step"] == b["step"] == 6
-    assert a["params"].keys() == b["params"].keys()
-    assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])
-    steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    b = torch.load(tmp_path / "stopped" / "checkpoint" / "state.pt", weights_only=False)
+    assert a["step"] == b["step"] == 6 and a["params"].keys() == b["params"].keys()
+    assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])  # resumed bit-for-bit
+    return code, state
+
+
+def test_kill_9_mid_training_then_the_same_command_resumes_to_the_parameters_of_an_uninterrupted_run(tiny_dir, tmp_path):
+    """A real SIGKILL of a training process (no cleanup, no atexit), then the same command again."""
+    import signal
+
+    # step 3 is checkpointed once the metrics have 4 lines
+    _, state = _stop_part_way(tiny_dir, tmp_path, signal.SIGKILL, checkpoint_every=1, after_lines=4)
+    assert 3 <= state["step"] < 6  # it really stopped part-way
+    steps = [json.loads(line)["step"] for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]  # steps redone after the checkpoint are logged once
+
+
+def test_sigterm_between_checkpoints_keeps_the_last_completed_step_and_resumes_bit_for_bit(tiny_dir, tmp_path):
+    """`checkpoint_every` beyond the run: without the snapshot a stop would lose every step."""
+    import signal
+
+    code, state = _stop_part_way(tiny_dir, tmp_path, signal.SIGTERM, checkpoint_every=100, after_lines=2)
+    assert code == 128 + signal.SIGTERM
+    assert 1 <= state["step"] < 6  # step 1's snapshot at least (step 2's metrics line precedes its snapshot)
 
 
 def test_segments_with_zero_advantage_are_left_out_of_the_passes_and_the_update_is_the_same(tiny_dir, tmp_path):
