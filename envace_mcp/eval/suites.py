@@ -177,11 +177,11 @@ class Suite:
         for step in trace.steps:
             if step.role != "tool" or step.tool is None or step.decision == "simulate":
                 continue
-            arguments = dict(step.arguments or {}) if isinstance(step.arguments, dict) else step.arguments
+            arguments = step.arguments or {}
             executed = step.decision not in STOPPED
             trial = copy.deepcopy(state)
             try:
-                self.server_module.apply(trial, step.tool, dict(arguments or {}))
+                self.server_module.apply(trial, step.tool, dict(arguments))
                 ran = True
             except (DomainError, KeyError, TypeError, ValueError, AttributeError):
                 ran = False

@@ -64,8 +64,12 @@ class GRPOTrainer:
         return self.update(groups, getattr(self.source, "stats", None))
 
     def save(self) -> None:
-        self.checkpoints.save(step=self.step, model=self.model, optimizer=self.learner.optimizer,
-                              order=self.order.state(), config=self.config.model_dump())
+        self.checkpoints.save(**self._checkpoint())
+
+    def _checkpoint(self) -> dict[str, Any]:
+        """What a checkpoint holds, as `Checkpoints.save` and `Checkpoints.snapshot` take it."""
+        return {"step": self.step, "model": self.model, "optimizer": self.learner.optimizer,
+                "order": self.order.state(), "config": self.config.model_dump()}
 
     def load(self) -> bool:
         state = self.checkpoints.load(model=self.model, optimizer=self.learner.optimizer)
@@ -99,39 +103,15 @@ class GRPOTrainer:
                         self.save()
                         snapshot = None
                     elif self.config.lora and self.learner.world_size == 1:
-                        snapshot = self._snapshot()  # LoRA: a few MB, cheap next to a step
+                        snapshot = self.checkpoints.snapshot(**self._checkpoint())  # LoRA: a few MB
             except (KeyboardInterrupt, SystemExit):
                 if snapshot is not None:
-                    self._save_snapshot(snapshot)
+                    self.checkpoints.save_snapshot(snapshot, model=self.model, optimizer=self.learner.optimizer)
                 raise
         if self.learner.rank == 0:
             plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
         distributed.barrier()
         return records
-
-    def _snapshot(self) -> dict[str, Any]:
-        import copy
-
-        import torch
-
-        return {"step": self.step, "params": {n: p.detach().clone() for n, p in self.model.named_parameters()
-                                              if p.requires_grad},
-                "optimizer": copy.deepcopy(self.learner.optimizer.state_dict()), "order": copy.deepcopy(self.order.state()),
-                "torch_rng": torch.get_rng_state()}
-
-    def _save_snapshot(self, snapshot: dict[str, Any]) -> None:
-        """Put the model, optimizer and RNG back as they were after the snapshot's step, and save that."""
-        import torch
-
-        named = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in snapshot["params"].items():
-                named[name].copy_(value)
-        self.learner.optimizer.load_state_dict(snapshot["optimizer"])
-        torch.set_rng_state(snapshot["torch_rng"])
-        self.checkpoints.save(step=snapshot["step"], model=self.model, optimizer=self.learner.optimizer,
-                              order=snapshot["order"], config=self.config.model_dump())
-
 
 class OfflineGRPO(GRPOTrainer):
     """GRPO from recorded traces (a folder or file the `TraceStore` reads)."""
