@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -91,6 +91,8 @@ ServersOpt = Annotated[Optional[Path], typer.Option(
 ModelOpt = Annotated[Optional[str], typer.Option(callback=_model_name,
                                                  help="Hugging Face id or folder, or vllm:http://HOST:PORT/v1 (a vLLM server; default: embedded SmolLM2)")]
 TracesOut = Annotated[Optional[Path], typer.Option(file_okay=False, help="record the run into this trace folder")]
+SplitOpt = Annotated[Literal["train", "test", "validation", "fit"], typer.Option(
+    help="which split's tasks (validation: every 8th train task of each kind; fit: the rest of train)")]
 
 
 def _bundled_config() -> dict[str, Any]:

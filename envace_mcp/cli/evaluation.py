@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Optional
 import anyio
 import typer
 
-from envace_mcp.cli._common import ModelOpt, _adapter_folder, _fail, _gate, _suite, app, console
+from envace_mcp.cli._common import ModelOpt, SplitOpt, _adapter_folder, _fail, _gate, _suite, app, console
 from envace_mcp.errors import EnvaceError
 
 
@@ -19,7 +19,7 @@ def eval_command(
                                             "bfcl-miss_param, bfcl-long_context, bfcl-simple, bfcl-multiple, "
                                             "bfcl-parallel, bfcl-parallel_multiple, bfcl-irrelevance")],
     out: Annotated[Path, typer.Option(file_okay=False, help="folder for results.json / .md / .png and traces/")],
-    split: Annotated[Literal["train", "test", "validation", "fit"], typer.Option(help="which split's tasks (validation: every 8th train task of each kind; fit: the rest of train)")] = "test",
+    split: SplitOpt = "test",
     limit: Annotated[Optional[int], typer.Option(min=1, help="the first K tasks of the split")] = None,
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
     model: ModelOpt = None,

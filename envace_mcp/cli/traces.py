@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from envace_mcp.cli._common import (
+    SplitOpt,
     TracesDir,
     _fail,
     _model_name,
@@ -138,7 +139,7 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
 def traces_reference(
     out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write")],
     suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
-    split: Annotated[Literal["train", "test", "validation", "fit"], typer.Option(help="which split's tasks (validation: every 8th train task of each kind; fit: the rest of train)")] = "train",
+    split: SplitOpt = "train",
     limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
     model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids and logprobs")] = None,
     logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,
@@ -164,3 +165,46 @@ def traces_reference(
         written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit, score=logprobs,
                                                             on_task=on_task))
     console.print(f"wrote {written} runs to {out}")
+
+
+@traces_app.command("probe")
+def traces_probe(
+    out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write")],
+    suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
+    split: SplitOpt = "fit",
+    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
+    per_call: Annotated[int, typer.Option(min=1, help="probes of each reference call (one per mutation family first)")] = 2,
+    seed: Annotated[int, typer.Option(help="which mutations are picked")] = 0,
+    model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids (default: embedded SmolLM2)")] = None,
+    adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder (its prompt formats apply); with --own-rehearsals, the world model measured")] = None,
+    own_rehearsals: Annotated[bool, typer.Option(help="the model rehearses each probed call itself: its world model on wrong calls, scored against the real replies")] = False,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="with --own-rehearsals")] = 160,
+    tool_format: Annotated[Optional[Literal["json", "compact"]], typer.Option(help="tools in act prompts (default: the adapter's, else json)")] = None,
+    rehearse_format: Annotated[Optional[Literal["simulator", "inline"]], typer.Option(help="rehearse prompts (default: the adapter's, else simulator)")] = None,
+) -> None:
+    """Record reference prefixes with one perturbed call each (an id mistyped, an amount x 100, another
+    enum value), answered by the suite's sandbox server: SFT data with real errors for the world model."""
+    from envace_mcp._progress import Progress
+    from envace_mcp.policy import SamplingParams, load_policy
+    from envace_mcp.train.probes import record_probe_traces
+
+    formats = {k: v for k, v in (("tool_format", tool_format), ("rehearse_format", rehearse_format)) if v}
+    total = len(_suite(suite).split(split))
+    policy = load_policy(model, adapter=adapter, **formats)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    with Progress(f"{suite} {split} probes", total=min(limit or total, total), console=console) as progress:
+        summary = anyio.run(lambda: record_probe_traces(
+            policy, suite, out, split=split, limit=limit, per_call=per_call, seed=seed, own_rehearsals=own_rehearsals,
+            sampling={"rehearse": greedy}, on_task=lambda task_id, n: progress.advance()))
+    report = summary.to_dict()
+    (out / "probes.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = Table(title=f"{report['runs']} probes in {out} ({report['real_errors']} real errors)")
+    columns = ["mutation", "probes", "real errors"] + (["status right"] if own_rehearsals else [])
+    for col in columns:
+        table.add_column(col)
+    for mutation, row in sorted(report["by_mutation"].items()):
+        table.add_row(mutation, str(row["runs"]), str(row["real_errors"]), *([str(row["status_right"])] if own_rehearsals else []))
+    console.print(table)
+    if own_rehearsals:
+        console.print(f"world model: field accuracy {report.get('field_accuracy', '-')}, errors predicted "
+                      f"{report.get('error_predicted', '-')}, successes predicted {report.get('success_predicted', '-')}")

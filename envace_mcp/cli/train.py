@@ -28,24 +28,34 @@ def train_sft_command(
     micro_batch: Annotated[int, typer.Option(min=0, help="at most this many rows per forward pass (gradients accumulate over --batch-size); 0 = no limit")] = 32,
     micro_tokens: Annotated[int, typer.Option(min=0, help="with --share-prefix, at most this many packed tokens per pass; 0 = no limit")] = 4096,
     lora_r: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 16,
+    adapter: Annotated[Optional[Path], typer.Option(exists=True, file_okay=False, help="continue training this LoRA adapter (its rank; it must have been trained on the runs' prompt formats)")] = None,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
     runs = list(_store(traces).read())  # read once, before anything heavy is imported
     if not runs:
         _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
-    from envace_mcp.policy.tool_text import traces_rehearse_format, traces_tool_format, write_adapter_format
+    from envace_mcp.policy.tool_text import adapter_formats, traces_rehearse_format, traces_tool_format, write_adapter_format
 
     try:
         tool_format = traces_tool_format(runs)  # mixed formats are refused before a model loads
         rehearse_format = traces_rehearse_format(runs)
     except EnvaceError as exc:
         _fail(exc)
+    if adapter is not None:
+        if full:
+            _fail(ValueError("--adapter continues a LoRA adapter; --full trains every weight: choose one"))
+        learned = {"tool_format": "json", "rehearse_format": "simulator"} | adapter_formats(adapter)
+        recorded = {"tool_format": tool_format, "rehearse_format": rehearse_format}
+        if learned != recorded:
+            _fail(ValueError(f"--adapter {str(adapter)!r} was trained on {learned}, the runs were recorded with "
+                             f"{recorded}: record them in the adapter's formats"))
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.train.sft import SFTConfig, sft_rows, steps_per_epoch, target_encoding, train_sft
 
-    lm, tokenizer = load_model(model or embedded_model_dir(), dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
+    lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True,
+                               dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
     rows = sft_rows(runs, encode, end, min_reward=min_reward)
     if not rows:

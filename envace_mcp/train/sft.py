@@ -175,9 +175,10 @@ def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_
 
 def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *, out: Path | None = None,
               on_step: Callable[[dict[str, float]], None] | None = None) -> Any:
-    """Fine-tune `model` on `rows`; returns the trained (peft-wrapped when LoRA) model."""
+    """Fine-tune `model` on `rows`; returns the trained (peft-wrapped when LoRA) model. A peft model
+    (loaded with a trainable adapter) goes on training that adapter."""
     torch.manual_seed(config.seed)
-    if config.lora:
+    if config.lora and not hasattr(model, "peft_config"):  # a model loaded with a trainable adapter continues it
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,

@@ -33,6 +33,20 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     assert json.loads((tmp_path / "sft" / "envace.json").read_text()) == {"tool_format": "compact",  # as recorded
                                                                            "rehearse_format": "inline"}
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) >= 1
+    probes = cli("traces", "probe", str(tmp_path / "probes"), "--suite", "bank", "--limit", "2", "--model", model,
+                 "--adapter", str(tmp_path / "sft"))  # the adapter's formats apply
+    assert probes.returncode == 0, probes.stderr
+    assert "real errors" in probes.stdout and json.loads((tmp_path / "probes" / "probes.json").read_text())["runs"] > 0
+    more = cli("train", "sft", "--traces", str(tmp_path / "probes"), "--out", str(tmp_path / "sft2"), "--model", model,
+               "--adapter", str(tmp_path / "sft"), "--epochs", "1", "--lr", "1e-2")  # the world model learns errors
+    assert more.returncode == 0, more.stderr
+    from safetensors.torch import load_file
+
+    start, went_on = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("sft", "sft2"))
+    assert start.keys() == went_on.keys() and any((start[k] != went_on[k]).any() for k in start)  # the same adapter, trained on
+    mismatched = cli("train", "sft", "--traces", str(tmp_path / "refs"), "--out", str(tmp_path / "sft3"), "--model", model,
+                     "--adapter", str(tmp_path / "sft"))  # json + simulator runs, a compact + inline adapter
+    assert mismatched.returncode == 2 and "record them in the adapter's formats" in " ".join(mismatched.stderr.split())
     config = tmp_path / "grpo.json"
     config.write_text(json.dumps({"model": model, "lr": 1e-3, "steps": 2, "groups_per_step": 1}))
     from pathlib import Path
