@@ -178,8 +178,9 @@ class BfclSuite(EvalOnlySuite):
 
     def reference_act(self, task: Task) -> Any:
         """The ground truth's calls turn by turn (one call per model step), then a short answer."""
-        from langchain_core.messages import AIMessage, HumanMessage
+        from langchain_core.messages import HumanMessage
 
+        from envace_mcp.eval.reference import calls_made
         from envace_mcp.policy.prompts import tool_call_text
 
         per_turn = [[parse_call(c, self.bridge) for c in turn] for turn in self.ground_truth[task.id]]
@@ -189,7 +190,7 @@ class BfclSuite(EvalOnlySuite):
             users = [i for i, m in enumerate(request.messages) if isinstance(m, HumanMessage)]
             turn = len(users)
             since = request.messages[users[-1]:] if users else request.messages
-            done = sum(1 for m in since if isinstance(m, AIMessage) and m.tool_calls)
+            done = calls_made(since)
             calls = per_turn[turn] if 0 <= turn < len(per_turn) else []
             if done < len(calls):
                 return tool_call_text(calls[done].tool, calls[done].arguments)

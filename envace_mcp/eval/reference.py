@@ -32,7 +32,7 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None, acti
         return {"act": suite.reference_act(task), "rehearse": _rehearse(suite, task, steps, inline)}
 
     def act(request: ActRequest) -> str:
-        done = sum(1 for m in request.messages if isinstance(m, AIMessage) and m.tool_calls)
+        done = calls_made(request.messages)
         if done < len(steps):
             action = steps[done]
             return tool_call_text(action.tool, action.arguments)
@@ -41,9 +41,14 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None, acti
     return {"act": act, "rehearse": _rehearse(suite, task, steps, inline)}
 
 
+def calls_made(messages: list[Any]) -> int:
+    """How many tool-calling turns the agent has taken in `messages` (which reference step is next)."""
+    return sum(1 for m in messages if isinstance(m, AIMessage) and m.tool_calls)
+
+
 def _rehearse(suite: Suite, task: Task, steps: list[Any], inline: bool = False) -> Callable[[Any], str]:
     def rehearse(request: RehearseRequest) -> str:
-        done = sum(1 for m in request.history if isinstance(m, AIMessage) and m.tool_calls)
+        done = calls_made(request.history)
         result = suite.reference_result(task, steps[:done], request.call.name, dict(request.call.arguments))
         if inline:
             return tool_reply_text(request.call.name, result)

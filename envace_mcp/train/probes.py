@@ -34,7 +34,6 @@ from envace_mcp.servers._common import Action, Task
 
 ID = re.compile(r"\b([A-Z]{1,6}-)(\d{2,})\b")
 """Id-like strings: a capital prefix and digits (`CHK-9995`, `ORD-17`, `C-1042`)."""
-MUTATIONS = ("drop_digit", "digit", "swap", "scale", "enum")
 FAMILY = {"drop_digit": "typo", "digit": "typo"}
 """Mutations of one family (an id mistyped one way or another) count as one kind when probes are
 picked: each family once, in a random order, before any family twice."""
@@ -125,18 +124,20 @@ class ProbeSummary:
     status_right_on_errors: int = 0
     status_right_on_successes: int = 0
 
-    def add(self, mutation: str, real_error: bool, rehearsed: dict[str, Any] | None, score: float | None) -> None:
+    def add(self, mutation: str, real_error: bool, comparison: Any = None) -> None:
+        """One probe: whether the server erred, and with own rehearsals the rehearsal's `Comparison`
+        with the real reply (its `status_match`: an error predicted exactly when the server erred, from
+        a usable rehearsal)."""
         row = self.by_mutation.setdefault(mutation, {"runs": 0, "real_errors": 0, "status_right": 0})
         self.runs += 1
         row["runs"] += 1
         self.real_errors += real_error
         row["real_errors"] += real_error
-        if rehearsed is None or score is None:
+        if comparison is None:
             return
-        status = rehearsed.get("status")
-        right = status in ("result", "tool_error") and (status == "tool_error") == real_error
+        right = bool(comparison.status_match)
         row["status_right"] += right
-        self.field_scores.append(score)
+        self.field_scores.append(comparison.score)
         if real_error:
             self.status_right_on_errors += right
         else:
@@ -162,14 +163,13 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     as traces in `out`, with `model`'s token ids (no logprobs). `own_rehearsals`: `model` rehearses each
     probed call itself (greedy unless `sampling` says otherwise) and the trace compares it with the
     real reply: the world model on calls it was not trained on, errors reported apart."""
-    from langchain_core.messages import HumanMessage
-
-    from envace_mcp.eval import Episode, get_suite
-    from envace_mcp.eval.reference import reference_roles
-    from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+    from envace_mcp.eval import get_suite
+    from envace_mcp.eval.reference import calls_made, reference_roles
+    from envace_mcp.graph import create_envace_graph
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.toolbox import Toolbox
-    from envace_mcp.traces import TraceStore, record_run
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.reference import EVERY_CALL_RUNS, forced_run
 
     suite = get_suite(suite_name)
     if not hasattr(suite, "reference_result") or not hasattr(suite, "server_module"):
@@ -177,8 +177,6 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     tasks = suite.split(split)[:limit] if limit else suite.split(split)
     store = TraceStore(out)
     graph = create_envace_graph().compile()
-    gate = GateConfig(rehearse="all", feedback_on_predicted_error=False,  # every probe must really run
-                      block_destructive_on_predicted_failure=False)
     rehearse_format = getattr(model, "rehearse_format", "simulator")
     summary = ProbeSummary()
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
@@ -193,35 +191,22 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
             results = [suite.reference_result(task, actions[:i], a.tool, dict(a.arguments)) for i, a in enumerate(actions)]
             probes = task_probes(task, results, schemas, valid, per_call=per_call, rng=random.Random(f"{seed}:{task.id}"))
             for probe in probes:
-                episode = Episode(task, suite_name)
                 roles = reference_roles(suite, task, answer=NO_ANSWER, actions=[*actions[:probe.at], probe.call],
                                         rehearse_format=rehearse_format)
                 if own_rehearsals:  # the model rehearses the probed call; the prefix stays forced
                     forced = roles["rehearse"]
                     roles["rehearse"] = lambda request, forced=forced, at=probe.at: (
-                        None if _calls_before(request) == at else forced(request))
-                context = EnvaceContext(policy=ForcedPolicy(model, **roles, score=False),
-                                        toolbox=toolbox.scoped(episode.meta), gate=gate,
-                                        instructions=suite.server_module.POLICY, sampling=sampling or {})
-                _, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},
-                                            context=context, task_id=task.id, suite=suite_name,
-                                            group_id=f"{task.id}/probe")
+                        None if calls_made(request.history) == at else forced(request))
+                _, _, trace = await forced_run(graph, toolbox, suite, task, ForcedPolicy(model, **roles, score=False),
+                                               EVERY_CALL_RUNS, sampling, group_id=f"{task.id}/probe")
                 trace = _keep_probe_rehearsal(trace, probe)
                 store.append(trace)
-                tool = next((s for s in reversed(trace.steps) if s.role == "tool" and s.call_id == trace.metadata["probe"]["call_id"]), None)
-                rehearsal = next((s for s in trace.steps if s.role == "rehearse"), None)
+                tool = next((s for s in trace.steps if s.role == "tool" and s.call_id == trace.metadata["probe"]["call_id"]), None)
                 summary.add(probe.mutation, bool(tool is not None and (tool.result or {}).get("is_error")),
-                            rehearsal.parsed if own_rehearsals and rehearsal is not None else None,
-                            tool.comparison.score if tool is not None and tool.comparison is not None else None)
+                            tool.comparison if own_rehearsals and tool is not None else None)
             if on_task is not None:
                 on_task(task.id, len(probes))
     return summary
-
-
-def _calls_before(request: Any) -> int:
-    from langchain_core.messages import AIMessage
-
-    return sum(1 for m in request.history if isinstance(m, AIMessage) and m.tool_calls)
 
 
 def _keep_probe_rehearsal(trace: Any, probe: Probe) -> Any:

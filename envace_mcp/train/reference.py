@@ -33,19 +33,12 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
     written = 0
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
         for task in tasks:
-            episode = Episode(task, suite_name)
             roles = reference_roles(suite, task, rehearse_format=getattr(model, "rehearse_format", "simulator"))
             if own_rehearsals:
                 roles.pop("rehearse", None)
-            policy = ForcedPolicy(model, **roles, score=score)
-            gate = GateConfig(rehearse="all")
-            if own_rehearsals:  # every reference call must really run, whatever the model predicted
-                gate = GateConfig(rehearse="all", feedback_on_predicted_error=False,
-                                  block_destructive_on_predicted_failure=False)
-            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate,
-                                    instructions=suite.server_module.POLICY, sampling=sampling or {})
-            state, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]},
-                                            context=context, task_id=task.id, suite=suite_name, group_id=task.id)
+            gate = EVERY_CALL_RUNS if own_rehearsals else GateConfig(rehearse="all")
+            episode, state, trace = await forced_run(graph, toolbox, suite, task, ForcedPolicy(model, **roles, score=score),
+                                                     gate, sampling)
             verdict = suite.check(task, await episode.final_state(toolbox), state.get("final_answer") or "")
             trace.rewards.append(Reward(name="task", value=verdict.score, details=verdict.to_dict()))
             store.append(trace)
@@ -53,3 +46,21 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
             if on_task is not None:
                 on_task(task.id, verdict.score)
     return written
+
+
+EVERY_CALL_RUNS = GateConfig(rehearse="all", feedback_on_predicted_error=False,
+                             block_destructive_on_predicted_failure=False)
+"""Every call is rehearsed and really runs, whatever the rehearsal predicted: measuring the world model
+on real calls, and probes (each perturbed call must reach the server)."""
+
+
+async def forced_run(graph: Any, toolbox: Any, suite: Any, task: Any, policy: Any, gate: GateConfig,
+                     sampling: dict[str, Any] | None = None, group_id: str | None = None) -> tuple[Episode, dict[str, Any], Any]:
+    """One recorded run of `task` in its own episode on `toolbox` (the suite's in-process server), the
+    agent's roles answered by `policy` (a `ForcedPolicy`): (episode, final state, trace)."""
+    episode = Episode(task, suite.name)
+    context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate,
+                            instructions=suite.server_module.POLICY, sampling=sampling or {})
+    state, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context,
+                                    task_id=task.id, suite=suite.name, group_id=group_id or task.id)
+    return episode, state, trace
