@@ -184,12 +184,17 @@ def traces_probe(
 ) -> None:
     """Record reference prefixes with one perturbed call each (an id mistyped, an amount x 100, another
     enum value), answered by the suite's sandbox server: SFT data with real errors for the world model."""
+    from envace_mcp.eval.suites import require_sandbox
+
+    try:
+        total = len(require_sandbox(_suite(suite)).split(split))  # before anything heavy is imported
+    except EnvaceError as exc:
+        _fail(exc)
     from envace_mcp._progress import Progress
     from envace_mcp.policy import SamplingParams, load_policy
     from envace_mcp.train.probes import record_probe_traces
 
     formats = {k: v for k, v in (("tool_format", tool_format), ("rehearse_format", rehearse_format)) if v}
-    total = len(_suite(suite).split(split))
     policy = load_policy(model, adapter=adapter, **formats)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     with Progress(f"{suite} {split} probes", total=min(limit or total, total), console=console) as progress:

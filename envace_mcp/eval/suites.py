@@ -238,6 +238,14 @@ class Suite:
                 proc.stderr.close()
 
 
+def require_sandbox(suite: Any) -> Any:
+    """`suite`, if calls can be tried on it freely: a bundled domain with its own in-process server and a
+    perfect world model (`Suite.reference_result`), as probes need; a clear error otherwise (τ², BFCL)."""
+    if not hasattr(suite, "reference_result") or not hasattr(suite, "server_module"):
+        raise UserError(f"suite {suite.name!r} has no sandbox server to probe (bank and retail do)")
+    return suite
+
+
 def find_task(suite: Any, task_id: str) -> Task:
     """A suite's task by id, or a clear error naming a few that exist."""
     for task in suite.tasks:

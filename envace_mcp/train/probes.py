@@ -165,15 +165,14 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     real reply: the world model on calls it was not trained on, errors reported apart."""
     from envace_mcp.eval import get_suite
     from envace_mcp.eval.reference import calls_made, reference_roles
+    from envace_mcp.eval.suites import require_sandbox
     from envace_mcp.graph import create_envace_graph
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.reference import EVERY_CALL_RUNS, forced_run
 
-    suite = get_suite(suite_name)
-    if not hasattr(suite, "reference_result") or not hasattr(suite, "server_module"):
-        raise ValueError(f"suite {suite_name!r} has no sandbox server to probe (bank and retail do)")
+    suite = require_sandbox(get_suite(suite_name))
     tasks = suite.split(split)[:limit] if limit else suite.split(split)
     store = TraceStore(out)
     graph = create_envace_graph().compile()
