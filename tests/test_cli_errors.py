@@ -95,6 +95,8 @@ BAD = [
     (["traces", "probe", "{f}/out", "--suite", "tau2-airline"], "no sandbox server to probe"),
     (["traces", "probe", "{f}/out", "--suite", "casino"], "unknown suite"),
     (["traces", "probe", "{f}/out", "--per-call", "0"], "'--per-call'"),
+    (["traces", "probe", "{f}/out", "--mutations", "typo,bogus"], "--mutations: unknown bogus"),
+    (["traces", "probe", "{f}/out", "--mutations", ","], "--mutations: unknown (none given)"),
     (["policy", "try", "--role", "judge"], "'--role'"),
     (["policy", "try", "--args", "[1, 2]"], "must be a JSON object"),
     (["policy", "try", "--server", "casino"], "unknown suite"),

@@ -175,6 +175,7 @@ def traces_probe(
     limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
     per_call: Annotated[int, typer.Option(min=1, help="probes of each reference call (one per mutation family first)")] = 2,
     seed: Annotated[int, typer.Option(help="which mutations are picked")] = 0,
+    mutations: Annotated[Optional[str], typer.Option(help="only these, comma-separated: typo (drop_digit, digit), swap, scale, halve, enum (default: all)")] = None,
     model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids (default: embedded SmolLM2)")] = None,
     adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder (its prompt formats apply); with --own-rehearsals, the world model measured")] = None,
     own_rehearsals: Annotated[bool, typer.Option(help="the model rehearses each probed call itself: its world model on wrong calls, scored against the real replies")] = False,
@@ -185,7 +186,12 @@ def traces_probe(
     """Record reference prefixes with one perturbed call each (an id mistyped, an amount x 100, another
     enum value), answered by the suite's sandbox server: SFT data with real errors for the world model."""
     from envace_mcp.eval.suites import require_sandbox
+    from envace_mcp.train.probes import KINDS
 
+    kinds = [k.strip() for k in mutations.split(",") if k.strip()] if mutations is not None else None
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if kinds is not None and (unknown or not kinds):
+        _fail(EnvaceError(f"--mutations: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}"))
     try:
         total = len(require_sandbox(_suite(suite)).split(split))  # before anything heavy is imported
     except EnvaceError as exc:
@@ -199,7 +205,8 @@ def traces_probe(
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     with Progress(f"{suite} {split} probes", total=min(limit or total, total), console=console) as progress:
         summary = anyio.run(lambda: record_probe_traces(
-            policy, suite, out, split=split, limit=limit, per_call=per_call, seed=seed, own_rehearsals=own_rehearsals,
+            policy, suite, out, split=split, limit=limit, per_call=per_call, seed=seed, kinds=kinds,
+            own_rehearsals=own_rehearsals,
             sampling={"rehearse": greedy}, on_task=lambda task_id, n: progress.advance()))
     report = summary.to_dict()
     (out / "probes.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,7 +1,23 @@
-"""Training: traces → rows, EnvACE role-wise GRPO math, SFT / GRPO trainers."""
+"""Training: traces → rows, EnvACE role-wise GRPO math, SFT / GRPO trainers.
 
-from envace_mcp.train.grpo import grpo_loss, group_advantages, kl_k3, role_advantages, token_logprobs
-from envace_mcp.train.rows import Batch, Segment, batch_logprobs, collate, segments
+The names below load on first use (they need torch), so light modules of this package
+(`envace_mcp.train.probes`, `envace_mcp.train.config`) import without it: the CLI checks its
+options against them before anything heavy starts."""
+
+from importlib import import_module
+from typing import Any
+
+_WHERE = {"grpo_loss": "grpo", "group_advantages": "grpo", "kl_k3": "grpo", "role_advantages": "grpo",
+          "token_logprobs": "grpo", "Batch": "rows", "Segment": "rows", "batch_logprobs": "rows",
+          "collate": "rows", "segments": "rows"}
 
 __all__ = ["role_advantages", "group_advantages", "grpo_loss", "kl_k3", "token_logprobs",
            "Segment", "segments", "Batch", "collate", "batch_logprobs"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

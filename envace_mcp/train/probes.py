@@ -10,6 +10,8 @@ rest without a model):
 - `drop_digit` / `digit`: an id with one digit dropped or changed (`CHK-995` for `CHK-9995`);
 - `swap`: an id replaced by another id of the same kind seen in the conversation (another account);
 - `scale`: a number × 100 (an amount over the balance, a quantity over the position);
+- `halve`: a number halved (usually still legal: a *right* call whose reply the world model must
+  compute, a new balance or total, rather than copy; balances the errors above);
 - `enum`: another value of an enumerated argument (`market` for `limit`, `sell` for `buy`).
 
 The changed call really runs, on the suite's in-process server in the state the prefix reached,
@@ -25,7 +27,7 @@ from __future__ import annotations
 import copy
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ ID = re.compile(r"\b([A-Z]{1,6}-)(\d{2,})\b")
 FAMILY = {"drop_digit": "typo", "digit": "typo"}
 """Mutations of one family (an id mistyped one way or another) count as one kind when probes are
 picked: each family once, in a random order, before any family twice."""
+KINDS = ("typo", "drop_digit", "digit", "swap", "scale", "halve", "enum")
+"""What `kinds` may name: a family or a single mutation."""
 NO_ANSWER = "I could not complete that request."
 """A probe run's final answer: never trained on (a probe has no task reward)."""
 
@@ -82,6 +86,9 @@ def mutations(arguments: dict[str, Any], schema: dict[str, Any], seen: str) -> I
                 changed += [("swap", value[:match.start()] + other + value[match.end():]) for other in others]
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             changed.append(("scale", value * 100))
+            half = value // 2 if isinstance(value, int) else round(value / 2, 2)
+            if 0 < half != value:
+                changed.append(("halve", half))
         for option in prop.get("enum") or []:
             if option != value:
                 changed.append(("enum", option))
@@ -90,17 +97,19 @@ def mutations(arguments: dict[str, Any], schema: dict[str, Any], seen: str) -> I
 
 
 def task_probes(task: Task, results: list[Any], schemas: dict[str, dict[str, Any]], valid: Callable[[str, dict[str, Any]], bool],
-                *, per_call: int, rng: random.Random) -> list[Probe]:
+                *, per_call: int, rng: random.Random, kinds: Collection[str] | None = None) -> list[Probe]:
     """Up to `per_call` probes of each reference call of `task`, one of each mutation family (`FAMILY`)
     before any family twice. `results[i]` is what reference call `i` returned (the text `swap` looks for ids in, with the
-    instruction); `valid(tool, arguments)` is the tool's input-schema check."""
+    instruction); `valid(tool, arguments)` is the tool's input-schema check; `kinds` (families or
+    mutations, `KINDS`) keeps only those, to balance errors against right calls (default: all)."""
     probes: list[Probe] = []
     seen = task.instruction
     for at, action in enumerate(task.actions):
         families: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
         for mutation, name, arguments in mutations(dict(action.arguments), schemas.get(action.tool, {}), seen):
-            if valid(action.tool, arguments):
-                families.setdefault(FAMILY.get(mutation, mutation), []).append((mutation, name, arguments))
+            family = FAMILY.get(mutation, mutation)
+            if (kinds is None or mutation in kinds or family in kinds) and valid(action.tool, arguments):
+                families.setdefault(family, []).append((mutation, name, arguments))
         for options in families.values():
             rng.shuffle(options)
         order = list(families)
@@ -156,7 +165,7 @@ class ProbeSummary:
 
 
 async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, split: str = "train",
-                              limit: int | None = None, per_call: int = 2, seed: int = 0,
+                              limit: int | None = None, per_call: int = 2, seed: int = 0, kinds: Collection[str] | None = None,
                               own_rehearsals: bool = False, sampling: dict[str, Any] | None = None,
                               on_task: Callable[[str, int], None] | None = None) -> ProbeSummary:
     """Record up to `per_call` probes of every reference call of the split's tasks (the first `limit`)
@@ -188,7 +197,8 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
         for task in tasks:
             actions = list(task.actions)
             results = [suite.reference_result(task, actions[:i], a.tool, dict(a.arguments)) for i, a in enumerate(actions)]
-            probes = task_probes(task, results, schemas, valid, per_call=per_call, rng=random.Random(f"{seed}:{task.id}"))
+            probes = task_probes(task, results, schemas, valid, per_call=per_call,
+                                 rng=random.Random(f"{seed}:{task.id}"), kinds=kinds)
             for probe in probes:
                 roles = reference_roles(suite, task, answer=NO_ANSWER, actions=[*actions[:probe.at], probe.call],
                                         rehearse_format=rehearse_format)

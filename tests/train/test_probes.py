@@ -15,13 +15,16 @@ SCHEMA = {"type": "object", "properties": {
     "limit_price": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}
 
 
-def test_mutations_mistype_ids_swap_seen_ids_scale_numbers_and_flip_enums():
+def test_mutations_mistype_ids_swap_seen_ids_scale_and_halve_numbers_and_flip_enums():
     found = {(m, f, str(a[f])) for m, f, a in mutations(
         {"account_id": "CHK-9995", "amount": 20.5, "side": "buy", "flag": True},
         SCHEMA, "accounts CHK-1234, SAV-7777 and CHK-9995")}
     assert found == {("drop_digit", "account_id", "CHK-999"), ("digit", "account_id", "CHK-9996"),
                      ("swap", "account_id", "CHK-1234"),  # same kind of id only; never itself
-                     ("scale", "amount", "2050.0"), ("enum", "side", "sell")}  # booleans are left alone
+                     ("scale", "amount", "2050.0"), ("halve", "amount", "10.25"),
+                     ("enum", "side", "sell")}  # booleans are left alone
+    halved = {a["limit"] for m, f, a in mutations({"limit": 7}, SCHEMA, "") if m == "halve"}
+    assert halved == {3} and not [m for m, _, _ in mutations({"limit": 1}, SCHEMA, "") if m == "halve"]  # ints stay ints, never 0
 
 
 def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_any_twice():
@@ -36,7 +39,10 @@ def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_an
     probes = task_probes(task, results, {a.tool: SCHEMA for a in task.actions}, valid, per_call=2, rng=random.Random(0))
     assert probes and all(not validator.errors(p.call.arguments) for p in probes)
     assert not any(p.mutation == "scale" and p.field == "limit" and p.call.arguments["limit"] > 50 for p in probes)
-    assert [p.mutation for p in probes] in (["digit", "drop_digit"], ["drop_digit", "digit"])  # the only family left
+    assert sorted("typo" if p.mutation in ("digit", "drop_digit") else p.mutation for p in probes) == ["halve", "typo"]
+    typos = task_probes(task, results, {a.tool: SCHEMA for a in task.actions}, valid, per_call=2, rng=random.Random(0),
+                        kinds=["typo", "scale", "enum", "swap"])
+    assert [p.mutation for p in typos] in (["digit", "drop_digit"], ["drop_digit", "digit"])  # the only family left
     transfer = next(t for t in suite.split("train") if t.kind == "transfer_funds")  # ids and an amount
     done = [suite.reference_result(transfer, [], a.tool, dict(a.arguments)) for a in transfer.actions]
     for seed in range(5):
@@ -45,6 +51,9 @@ def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_an
         assert len(families) == 2 and len(set(families)) == 2  # two families before any twice
     again = task_probes(task, results, {a.tool: SCHEMA for a in task.actions}, valid, per_call=2, rng=random.Random(0))
     assert again == probes  # seeded
+    for kinds, allowed in ((["halve", "swap"], {"halve", "swap"}), (["typo"], {"digit", "drop_digit"}), (["digit"], {"digit"})):
+        kept = task_probes(transfer, done, {}, valid, per_call=3, rng=random.Random(0), kinds=kinds)
+        assert kept and {p.mutation for p in kept} <= allowed  # a family or one mutation; nothing else
 
 
 @pytest.fixture(scope="module")
