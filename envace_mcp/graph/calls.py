@@ -46,6 +46,8 @@ class RehearsalRecord(TypedDict, total=False):
     """`ToolResult.model_dump()` when the call ran on a real server."""
     match: float | None
     """Prediction-vs-reality score in [0, 1] when both exist (`policy.fidelity.compare`)."""
+    status_match: bool | None
+    """Whether the rehearsal predicted an error exactly when the tool erred (an unusable one: False)."""
     mismatches: list[str]
     approved: bool | None
     edited: dict[str, Any]
@@ -258,7 +260,7 @@ def observed(p: Proposal, result: ToolResult) -> RehearsalRecord:
     update: RehearsalRecord = {"call_id": p.call.id, "real": result.model_dump(mode="json")}
     if p.prediction is not None:
         match = compare(p.prediction, result)
-        update["match"], update["mismatches"] = match.score, match.mismatches
+        update["match"], update["status_match"], update["mismatches"] = match.score, match.status_match, match.mismatches
     return update
 
 

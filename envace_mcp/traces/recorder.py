@@ -135,7 +135,8 @@ class TraceRecorder:
                       "structured_content": None, "error_kind": None}
         comparison = None
         if known.get("match") is not None:
-            comparison = Comparison(score=known["match"], mismatches=known.get("mismatches") or [])
+            comparison = Comparison(score=known["match"], status_match=known.get("status_match"),
+                                    mismatches=known.get("mismatches") or [])
         self._add(role="tool", node=node, call_id=message.tool_call_id, tool=message.name or known.get("tool"),
                   arguments=known.get("arguments"), result=result, simulated=simulated,
                   decision=known.get("decision"), reason=known.get("reason"), comparison=comparison)

@@ -25,6 +25,10 @@ SCHEMA_VERSION = 2
 
 StepRole = Literal["act", "rehearse", "critique", "gate", "tool"]
 RehearseFormat = Literal["simulator", "inline"]
+"""How the rehearse role is prompted: "simulator" is EnvACE's fresh-chat simulator prompt
+(`<execution_result>` answers); "inline" continues the act context right after the proposed call, the
+model writing the tool's response turn in its own tool-response format (`policy.prompts.render_inline`).
+One definition: policies take it, traces record it."""
 RunStatus = Literal["finished", "interrupted", "failed"]
 
 

@@ -81,6 +81,7 @@ def test_probe_runs_hold_one_rehearsal_aimed_at_the_real_reply_and_train_nothing
         tool = next(s for s in run.steps if s.role == "tool" and s.call_id == probe["call_id"])
         assert not tool.simulated and (tool.tool, tool.arguments) == (probe["tool"], probe["arguments"])
         assert tool.comparison.score == 1.0  # the forced perfect rehearsal (the domain) agreed with the server
+        assert tool.comparison.status_match is True  # recorded from the comparison, not left unknown
         assert run.reward("task") is None  # nothing scores a probe: SFT takes none of its act turns
         errors += bool(tool.result.get("is_error"))
     assert errors == summary.real_errors
