@@ -26,7 +26,7 @@ from typing_extensions import NotRequired, TypedDict
 from envace_mcp.graph.gate import Decision, GateConfig, Mode, decide, should_rehearse
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.fidelity import compare
-from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.prompts import NOT_EXECUTED, tool_call_text
 from envace_mcp.policy.types import ActRequest, Example, Generation, Prediction, RehearseRequest, SamplingParams, ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
 
@@ -222,8 +222,13 @@ def read_approval(answer: Any, call: ToolCall) -> Approval:
 
 # ------------------------------------------------------------------ replies
 
-def reply(call: ToolCall, content: str, status: Literal["success", "error"], artifact: Any = None) -> ToolMessage:
-    return ToolMessage(content=content, tool_call_id=call.id, name=call.name, status=status, artifact=artifact)
+def reply(call: ToolCall, content: str, status: Literal["success", "error"], artifact: Any = None,
+          not_executed: str | None = None) -> ToolMessage:
+    """A tool message for `call`; `not_executed` (the gate's action) marks a reply the tool never gave,
+    which the rehearse role does not see (`prompts.observations_only`)."""
+    extra = {NOT_EXECUTED: not_executed} if not_executed else {}
+    return ToolMessage(content=content, tool_call_id=call.id, name=call.name, status=status, artifact=artifact,
+                       additional_kwargs=extra)
 
 
 def simulated_reply(call: ToolCall, prediction: Prediction | None) -> ToolMessage:
@@ -247,12 +252,13 @@ def refusal(p: Proposal) -> ToolMessage:
     outcome = ""
     if p.prediction is not None and p.prediction.status != "invalid":
         outcome = f" Rehearsed outcome: {json.dumps(p.prediction.result, ensure_ascii=False)[:400]}"
-    return reply(p.call, f"Not executed ({p.decision.action}): {p.decision.reason}.{outcome}", "error")
+    return reply(p.call, f"Not executed ({p.decision.action}): {p.decision.reason}.{outcome}", "error",
+                 not_executed=p.decision.action)
 
 
 def rejected(call: ToolCall, approval: Approval) -> ToolMessage:
     why = f" Reason: {approval.message}" if approval.message else ""
-    return reply(call, f"Not executed: a human rejected this call.{why}", "error")
+    return reply(call, f"Not executed: a human rejected this call.{why}", "error", not_executed="rejected")
 
 
 def observed(p: Proposal, result: ToolResult) -> RehearsalRecord:

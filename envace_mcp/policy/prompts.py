@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -245,6 +246,32 @@ def render_act(request: ActRequest) -> tuple[list[ChatMessage], list[dict[str, A
     return chat, [tool_for_template(spec) for spec in request.tools]
 
 
+NOT_EXECUTED = "envace_not_executed"
+"""`ToolMessage.additional_kwargs` key on a reply the gate (or a human) gave instead of the tool:
+its value is the gate's action (`reject`, `block`, `feedback`, `budget`, `rejected`)."""
+
+
+def observations_only(messages: list[BaseMessage]) -> list[BaseMessage]:
+    """The conversation as the environment saw it, for the rehearse role: calls that never ran (the
+    gate's refusals, marked `NOT_EXECUTED`) and their replies are left out. A refusal is not the
+    tool's reply; shown as one, a world model copies it when the agent retries the call, and the gate
+    blocks again on its own earlier words ([J]: 8 of 45 blocks on bank validation)."""
+    refused = {m.tool_call_id for m in messages if isinstance(m, ToolMessage) and m.additional_kwargs.get(NOT_EXECUTED)}
+    if not refused:
+        return list(messages)
+    kept: list[BaseMessage] = []
+    for message in messages:
+        if isinstance(message, ToolMessage) and message.tool_call_id in refused:
+            continue
+        if isinstance(message, AIMessage) and any(c.get("id") in refused for c in message.tool_calls):
+            calls = [c for c in message.tool_calls if c.get("id") not in refused]
+            if not calls and not _text(message.content).strip():
+                continue
+            message = message.model_copy(update={"tool_calls": calls})
+        kept.append(message)
+    return kept
+
+
 def serialise_history(messages: list[BaseMessage]) -> str:
     """`User: …` / `Assistant: …` / `Tool[name]: …` lines, as EnvACE's simulator prompt has them."""
     lines = []
@@ -282,7 +309,7 @@ def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
     user = (
         f"## Allowed tools\n{allowed}\n\n"
         f"## Real calls earlier in this task (examples)\n{examples}\n\n"
-        f"## Conversation so far\n{serialise_history(request.history)}\n\n"
+        f"## Conversation so far\n{serialise_history(observations_only(request.history))}\n\n"
         f"## Latest assistant message\n{request.act_message or tool_call_text(call.name, call.arguments)}\n\n"
         "## Tool call to simulate\n" + "\n".join(target)
     )
@@ -297,10 +324,11 @@ turn the model then writes (`inline_prompt`)."""
 
 def inline_context(request: RehearseRequest) -> ActRequest:
     """The act request an inline rehearsal continues: the turn's own (`request.context`), or one
-    derived from the history (drop-ins: the first human message is the task)."""
+    derived from the history (drop-ins: the first human message is the task); in both, without the
+    calls the gate refused (`observations_only`; such a prompt no longer shares the act prompt's prefix)."""
     if request.context is not None:
-        return request.context
-    messages = list(request.history)
+        return replace(request.context, messages=observations_only(request.context.messages))
+    messages = observations_only(request.history)
     for i, message in enumerate(messages):
         if isinstance(message, HumanMessage):
             return ActRequest(task=_text(message.content), messages=messages[i + 1:], tools=list(request.allowed))

@@ -87,6 +87,33 @@ async def test_a_destructive_call_predicted_to_fail_is_blocked_and_never_reaches
     assert "predicted error EXECUTION_ERROR" in memory and "gate: block" in memory
 
 
+async def test_a_retried_call_is_rehearsed_without_the_gates_refusal_so_the_world_model_cannot_copy_it(bank):
+    from envace_mcp.policy.prompts import render_inline, render_rehearse
+
+    suite, task = bank
+    trap = task.trap.arguments
+    error = ('<execution_result>{"error_tool_call": {"code": "EXECUTION_ERROR", '
+             '"message": "policy: savings would drop below the $500 minimum"}}</execution_result>')
+    policy = ScriptedPolicy(act=[call("transfer", **trap), call("transfer", **trap), "I can't do that."],
+                            rehearse=[error, error])
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task)
+    policy.assert_complete()
+    assert [r["decision"] for r in out["rehearsals"]] == ["block", "block"]
+    acts = [request for role, request in policy.calls if role == "act"]
+    assert any("Not executed (block)" in str(m.content) for m in acts[1].messages)  # the agent is told
+    retry = [request for role, request in policy.calls if role == "rehearse"][1]
+    assert any("Not executed (block)" in str(m.content) for m in retry.history)   # it is in the history...
+    simulator = "\n".join(m["content"] for m in render_rehearse(retry))
+    chat = render_inline(retry)[0]
+    inline = "\n".join(str(m.get("content")) for m in chat)
+    for prompt in (simulator, inline):                                               # ...not in what rehearses
+        assert "Not executed" not in prompt and task.instruction in prompt
+    assert simulator.count("transfer(") + simulator.count('"transfer"') >= 1
+    assert [m["role"] for m in chat if m["role"] in ("assistant", "tool")] == ["assistant", "tool"]  # only the retry:
+    assert [c["id"] for c in chat[-2]["tool_calls"]] == [retry.call.id]                              # the refused call is gone
+
+
 async def test_mismatches_between_rehearsal_and_reality_are_scored_and_shown_to_the_agent(bank):
     suite, task = bank
     a = ids(task)
