@@ -9,17 +9,13 @@ probes picked at random.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from collections import Counter
 from pathlib import Path
 
+from envace_mcp.traces import TraceStore
+
 TYPOS = ("digit", "drop_digit")
-
-
-def rows(folder: Path) -> list[dict]:
-    with open(folder / "traces.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def main() -> None:
@@ -27,25 +23,26 @@ def main() -> None:
     parser.add_argument("refs", type=Path, help="traces reference folder (the split's runs, in task order)")
     parser.add_argument("other", type=Path, help="traces probe folder recorded with --mutations swap,halve,enum,scale")
     parser.add_argument("all", type=Path, help="traces probe folder with every mutation (its typos are sampled)")
-    parser.add_argument("out", type=Path, help="folder to write the SFT traces to")
+    parser.add_argument("out", type=Path, help="trace folder to write the mix to (for train sft --traces)")
     parser.add_argument("--typos", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", type=int, default=12, help="task kinds, in the order the split cycles through them")
     args = parser.parse_args()
 
-    refs = rows(args.refs)
-    keep = {r["task_id"] for i, r in enumerate(refs) if (i // args.kinds) % 2 == 0}
-    chosen = [r for r in refs if r["task_id"] in keep]
-    other = [p for p in rows(args.other) if p["metadata"]["probe"]["of"] in keep]
-    typos = [p for p in rows(args.all) if p["metadata"]["probe"]["of"] in keep and p["metadata"]["probe"]["mutation"] in TYPOS]
+    refs = list(TraceStore(args.refs).read())
+    keep = {r.task_id for i, r in enumerate(refs) if (i // args.kinds) % 2 == 0}
+    chosen = [r for r in refs if r.task_id in keep]
+    other = [p for p in TraceStore(args.other).read() if p.metadata["probe"]["of"] in keep]
+    typos = [p for p in TraceStore(args.all).read()
+             if p.metadata["probe"]["of"] in keep and p.metadata["probe"]["mutation"] in TYPOS]
     random.Random(args.seed).shuffle(typos)
     typos = typos[:args.typos]
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, part in (("refs", chosen), ("probes-other", other), ("probes-typo", typos)):
-        with open(args.out / f"{name}.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in part)
+    out = TraceStore(args.out)
+    for name, part in (("probes-other", other), ("probes-typo", typos), ("refs", chosen)):
+        for trace in part:
+            out.append(trace)
         print(f"{name}: {len(part)}")
-    print(dict(Counter(p["metadata"]["probe"]["mutation"] for p in other + typos)))
+    print(dict(Counter(p.metadata["probe"]["mutation"] for p in other + typos)))
 
 
 if __name__ == "__main__":

@@ -186,12 +186,12 @@ def traces_probe(
     """Record reference prefixes with one perturbed call each (an id mistyped, an amount x 100, another
     enum value), answered by the suite's sandbox server: SFT data with real errors for the world model."""
     from envace_mcp.eval.suites import require_sandbox
-    from envace_mcp.train.probes import KINDS
+    from envace_mcp.train.probes import check_kinds
 
-    kinds = [k.strip() for k in mutations.split(",") if k.strip()] if mutations is not None else None
-    unknown = sorted(set(kinds or ()) - set(KINDS))
-    if kinds is not None and (unknown or not kinds):
-        _fail(EnvaceError(f"--mutations: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}"))
+    try:
+        kinds = check_kinds([k.strip() for k in mutations.split(",") if k.strip()] if mutations is not None else None)
+    except EnvaceError as exc:
+        _fail(EnvaceError(f"--mutations: {exc}"))
     try:
         total = len(require_sandbox(_suite(suite)).split(split))  # before anything heavy is imported
     except EnvaceError as exc:

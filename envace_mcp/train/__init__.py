@@ -7,12 +7,12 @@ options against them before anything heavy starts."""
 from importlib import import_module
 from typing import Any
 
+# name -> the submodule that defines it
 _WHERE = {"grpo_loss": "grpo", "group_advantages": "grpo", "kl_k3": "grpo", "role_advantages": "grpo",
           "token_logprobs": "grpo", "Batch": "rows", "Segment": "rows", "batch_logprobs": "rows",
           "collate": "rows", "segments": "rows"}
 
-__all__ = ["role_advantages", "group_advantages", "grpo_loss", "kl_k3", "token_logprobs",
-           "Segment", "segments", "Batch", "collate", "batch_logprobs"]
+__all__ = list(_WHERE)
 
 
 def __getattr__(name: str) -> Any:

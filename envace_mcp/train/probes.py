@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envace_mcp.errors import UserError
 from envace_mcp.servers._common import Action, Task
 
 ID = re.compile(r"\b([A-Z]{1,6}-)(\d{2,})\b")
@@ -41,6 +42,17 @@ FAMILY = {"drop_digit": "typo", "digit": "typo"}
 picked: each family once, in a random order, before any family twice."""
 KINDS = ("typo", "drop_digit", "digit", "swap", "scale", "halve", "enum")
 """What `kinds` may name: a family or a single mutation."""
+
+
+def check_kinds(kinds: Collection[str] | None) -> frozenset[str] | None:
+    """`kinds` as a set (None: every kind), or a `UserError` naming the unknown ones (an empty
+    selection too): a misspelt kind would otherwise silently keep no probes."""
+    if kinds is None:
+        return None
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise UserError(f"unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}")
+    return frozenset(kinds)
 NO_ANSWER = "I could not complete that request."
 """A probe run's final answer: never trained on (a probe has no task reward)."""
 
@@ -181,6 +193,7 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.reference import EVERY_CALL_RUNS, forced_run
 
+    kinds = check_kinds(kinds)
     suite = require_sandbox(get_suite(suite_name))
     tasks = suite.split(split)[:limit] if limit else suite.split(split)
     store = TraceStore(out)

@@ -2,6 +2,7 @@
 recorded with a real tokenizer, and turned into rehearse-only SFT rows aimed at the real replies."""
 
 import random
+import re
 
 import anyio
 import pytest
@@ -54,6 +55,17 @@ def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_an
     for kinds, allowed in ((["halve", "swap"], {"halve", "swap"}), (["typo"], {"digit", "drop_digit"}), (["digit"], {"digit"})):
         kept = task_probes(transfer, done, {}, valid, per_call=3, rng=random.Random(0), kinds=kinds)
         assert kept and {p.mutation for p in kept} <= allowed  # a family or one mutation; nothing else
+
+
+def test_a_misspelt_or_empty_kind_is_an_error_not_a_run_without_probes(tmp_path):
+    from envace_mcp.errors import UserError
+    from envace_mcp.train.probes import check_kinds, record_probe_traces
+
+    assert check_kinds(None) is None and check_kinds(["typo", "halve"]) == {"typo", "halve"}
+    for kinds, why in ((["typos"], "unknown typos; choose from typo"), ([], "unknown (none given)")):
+        with pytest.raises(UserError, match=re.escape(why)):
+            anyio.run(lambda: record_probe_traces(None, "bank", tmp_path, split="fit", kinds=kinds))
+    assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
 @pytest.fixture(scope="module")
