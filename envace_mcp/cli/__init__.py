@@ -8,6 +8,7 @@
     envace tasks show bank/test/0004
     envace call get_balance '{"account_id": "CHK-1"}' --servers mcp.json
     envace eval --suite bank --split test --limit 12 --out runs/bank [--compare rehearse=2]
+    envace compare runs/bank runs/bank-grpo [--out runs/cmp]   # pair two saved evaluations by task
 """
 
 from __future__ import annotations

@@ -105,17 +105,54 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
     raise AssertionError("unreachable")
 
 
-def _finish(results: list[dict[str, Any]], out: Path) -> None:
+@app.command("compare")
+def compare_command(
+    baseline: Annotated[Path, typer.Argument(help="an `envace eval --out` folder (or its results.json): the baseline, a")],
+    other: Annotated[Path, typer.Argument(help="a second one, b, on the same suite and split")],
+    out: Annotated[Optional[Path], typer.Option(file_okay=False, help="write compare.json, results.md and .png here")] = None,
+) -> None:
+    """Pair two saved evaluations task by task: b − a with a 95 % bootstrap interval, by kind, and the
+    gate's value side by side. Runs nothing: for runs made apart (other days, other adapters)."""
+    results = []
+    for path in (baseline, other):
+        file = path / "results.json" if path.is_dir() else path
+        try:
+            results.append(json.loads(file.read_text()))
+        except (OSError, ValueError) as exc:
+            _fail(ValueError(f"{path}: no readable results.json ({exc.__class__.__name__}: {exc})"))
+        if not isinstance(results[-1], dict) or "runs" not in results[-1] or "summary" not in results[-1]:
+            _fail(ValueError(f"{path}: not the results.json of `envace eval`"))
+    a, b = results
+    where = [(r["suite"], r["settings"]["split"]) for r in results]
+    if where[0] != where[1]:
+        _fail(ValueError(f"they measured different tasks: {'/'.join(where[0])} and {'/'.join(where[1])}"))
+    shared = {r["task_id"] for r in a["runs"]} & {r["task_id"] for r in b["runs"]}
+    if not shared:
+        _fail(ValueError("no task in common: nothing to pair"))
+    for res, path in zip(results, (baseline, other)):
+        apart = len({r["task_id"] for r in res["runs"]} - shared)
+        if apart:
+            console.print(f"[yellow]{path}: {apart} task(s) the other did not run are left out of the pairing[/]")
+    if a["label"] == b["label"]:  # the same configuration run twice: tell them apart by where they are
+        for res, path in zip(results, (baseline, other)):
+            res["label"] = f"{res['label']} ({path})"
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    _finish(results, out, ran=False)
+
+
+def _finish(results: list[dict[str, Any]], out: Path | None, *, ran: bool = True) -> None:
     from envace_mcp.eval.metrics import paired_difference, task_scores
     from envace_mcp.eval.report import markdown, number, plot
 
     comparison = None
     if len(results) == 2:
         comparison = paired_difference(task_scores(results[0]["runs"]), task_scores(results[1]["runs"]))
-        (out / "compare.json").write_text(json.dumps({"a": results[0]["label"], "b": results[1]["label"],
-                                                      "difference": comparison}, indent=2))
-        (out / "results.md").write_text(markdown(results, comparison))
-        plot(results, out / "results.png")
+        if out is not None:
+            (out / "compare.json").write_text(json.dumps({"a": results[0]["label"], "b": results[1]["label"],
+                                                          "difference": comparison}, indent=2))
+            (out / "results.md").write_text(markdown(results, comparison))
+            plot(results, out / "results.png")
     from rich.table import Table
 
     table = Table(title=f"{results[0]['suite']} / {results[0]['settings']['split']}")
@@ -133,7 +170,16 @@ def _finish(results: list[dict[str, Any]], out: Path) -> None:
     if "judged_apart" in results[0]["summary"]:
         console.print(f"[yellow]{results[0]['summary']['judged_apart']['tasks']} task(s) need a language judge: "
                       "scored apart (see results.md)[/]")
+    gated = [res for res in results if res["summary"].get("gate_value", {}).get("proposed")]
+    for res in gated if comparison else ():
+        g = res["summary"]["gate_value"]
+        console.print(f"gate, {res['label']}: {g['proposed']} destructive calls proposed; harmful {g['harmful']}: "
+                      f"{g['harmful_stopped']} stopped, {g['harmful_executed']} executed; "
+                      f"false blocks {g['false_blocks']} / {g['requested']} requested")
     if comparison:
         console.print(f"[bold]difference[/] (b − a, mean score over {comparison['tasks']} tasks): "
-                      f"{comparison['mean']:+.3f}  95 % CI [{comparison['low']:+.3f}, {comparison['high']:+.3f}]")
-    console.print(f"[dim]results in {out}/ (results.json, results.md, results.png, traces/)[/]")
+                      f"{comparison['mean']:+.3f}  95 % CI [{comparison['low']:+.3f}, {comparison['high']:+.3f}]  "
+                      f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})")
+    if out is not None:
+        written = "results.json, results.md, results.png, traces/" if ran else "compare.json, results.md, results.png"
+        console.print(f"[dim]results in {out}/ ({written})[/]")

@@ -53,12 +53,12 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
     if gated:
         lines += ["", "The gate on destructive calls (harmful: would fail, or none of the task's requested writes; "
                       "measured off-server):", "",
-                  "| configuration | proposed | harmful stopped / harmful | would fail | unrequested "
-                  "| false blocks / requested |", "|---|---|---|---|---|---|"]
+                  "| configuration | proposed | harmful stopped / harmful | harmful executed | would fail | unrequested "
+                  "| false blocks / requested |", "|---|---|---|---|---|---|---|"]
         for res in gated:
             g = res["summary"]["gate_value"]
             lines.append(f"| {res['label']} | {g['proposed']} | {g['harmful_stopped']} / {g['harmful']} "
-                         f"({_percent(g['harmful_stopped_rate'])}) | {g['would_fail_stopped']} / {g['would_fail']} stopped "
+                         f"({_percent(g['harmful_stopped_rate'])}) | {g['harmful_executed']} | {g['would_fail_stopped']} / {g['would_fail']} stopped "
                          f"| {g['unrequested_stopped']} / {g['unrequested']} stopped "
                          f"| {g['false_blocks']} / {g['requested']} ({_percent(g['false_block_rate'])}) |")
     for res in results:

@@ -103,6 +103,43 @@ def test_the_noop_policy_measures_a_suites_floor(tmp_path):
     assert summary["tool_calls"]["made"] == 0 and summary["cost"]["real_calls"] == 0
 
 
+def test_compare_pairs_two_saved_evaluations_by_task_and_refuses_ones_that_measured_other_tasks(tmp_path):
+    runner = CliRunner()
+    for policy, limit in (("reference", "4"), ("noop", "6")):  # the floor ran two tasks more
+        done = runner.invoke(app, ["eval", "--suite", "bank", "--policy", policy, "--limit", limit,
+                                   "--out", str(tmp_path / policy)])
+        assert done.exit_code == 0, done.output
+    scores = {policy: {r["task_id"]: r["score"] for r in json.loads((tmp_path / policy / "results.json").read_text())["runs"]}
+              for policy in ("reference", "noop")}
+    paired = sorted(scores["reference"])
+    expected = sum(scores["noop"][t] - scores["reference"][t] for t in paired) / len(paired)
+    assert expected < 0  # doing nothing loses on some of the first four tasks
+    result = runner.invoke(app, ["compare", str(tmp_path / "reference"), str(tmp_path / "noop" / "results.json"),
+                                 "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    diff = json.loads((tmp_path / "cmp" / "compare.json").read_text())["difference"]
+    assert diff["tasks"] == 4 and diff["mean"] == pytest.approx(expected) and diff["low"] <= diff["mean"] <= diff["high"]
+    assert "2 task(s) the other did not run are left out" in result.output
+    md = (tmp_path / "cmp" / "results.md").read_text()
+    assert "reference mode=real" in md and "noop mode=real" in md and "bootstrap interval" in md
+    assert (tmp_path / "cmp" / "results.png").stat().st_size > 5_000
+    # the same configuration twice is told apart by folder; the pairing is then exactly zero
+    same = runner.invoke(app, ["compare", str(tmp_path / "noop"), str(tmp_path / "noop"), "--out", str(tmp_path / "same")])
+    assert same.exit_code == 0 and f"rehearse=0 ({tmp_path / 'noop'})" in (tmp_path / "same" / "results.md").read_text()
+    assert "+0.000  95 % CI [+0.000, +0.000]" in same.output
+    # another split, or no task in common: nothing to pair, one error line
+    other = runner.invoke(app, ["eval", "--suite", "bank", "--policy", "noop", "--split", "validation", "--limit", "2",
+                                "--out", str(tmp_path / "val")])
+    assert other.exit_code == 0, other.output
+    refused = runner.invoke(app, ["compare", str(tmp_path / "noop"), str(tmp_path / "val")])
+    assert refused.exit_code == 2 and "different tasks: bank/test and bank/validation" in refused.output
+    apart = runner.invoke(app, ["eval", "--suite", "bank", "--policy", "noop", "--task", "bank/test/0050",
+                                "--out", str(tmp_path / "apart")])
+    assert apart.exit_code == 0, apart.output
+    refused = runner.invoke(app, ["compare", str(tmp_path / "noop"), str(tmp_path / "apart")])
+    assert refused.exit_code == 2 and "no task in common" in refused.output
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_gates_value_counts_harmful_calls_stopped_and_requested_calls_blocked(tmp_path):
