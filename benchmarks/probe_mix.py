@@ -4,6 +4,7 @@ other task would be 6 kinds only), every non-typo probe of those tasks, and `--t
 probes picked at random.
 
     python benchmarks/probe_mix.py refs-bank-fit probes-other probes-all sft-data2 [--typos 100] [--seed 0]
+    python benchmarks/probe_mix.py refs-retail-fit probes-other-retail probes-all-retail mix-retail --kinds 10 --every 4
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def main() -> None:
     parser.add_argument("--typos", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", type=int, default=12, help="task kinds, in the order the split cycles through them")
+    parser.add_argument("--every", type=int, default=2, help="keep the tasks of every N-th round of kinds (2: half the fit tasks)")
     args = parser.parse_args()
 
     refs = list(TraceStore(args.refs).read())
-    keep = {r.task_id for i, r in enumerate(refs) if (i // args.kinds) % 2 == 0}
+    keep = {r.task_id for i, r in enumerate(refs) if (i // args.kinds) % args.every == 0}
     chosen = [r for r in refs if r.task_id in keep]
     other = [p for p in TraceStore(args.other).read() if p.metadata["probe"]["of"] in keep]
     typos = [p for p in TraceStore(args.all).read()
