@@ -62,6 +62,8 @@ BAD = [
     (["run", "x", "--gate", "max_steps=0"], "max_steps must be at least 1"),
     (["run", "x", "--gate", "rehearse=some"], "rehearse must be one of all, writes, none"),
     (["run", "x", "--gate", "approve_blocked=perhaps"], "approve_blocked must be true or false"),
+    (["run", "x", "--gate", "min_failure_confidence=1.5"], "min_failure_confidence must be a number from 0 to 1"),
+    (["run", "x", "--gate", "min_failure_confidence=sure"], "min_failure_confidence must be a number from 0 to 1"),
     (["run", "x", "--gate", "bogus=1"], "unknown setting 'bogus'"),
     (["run", "x", "--gate", "max_steps"], "needs a value"),
     (["run", "x", "--temperature", "-1"], "'--temperature'"),

@@ -178,7 +178,8 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 def _gate_value(key: str, raw: str, hint: Any) -> Any:
     import typing
 
-    """One `--gate` value, typed like the GateConfig field it sets (a Literal, bool, int or int | None)."""
+    """One `--gate` value, typed like the GateConfig field it sets (a Literal, bool, int, int | None or a
+    float from 0 to 1)."""
     choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
     if choices:
         if raw not in choices:
@@ -191,6 +192,14 @@ def _gate_value(key: str, raw: str, hint: Any) -> Any:
     optional = type(None) in typing.get_args(hint)
     if optional and raw.lower() == "none":
         return None
+    if hint is float:
+        try:
+            fraction = float(raw)
+        except ValueError:
+            fraction = float("nan")
+        if not 0.0 <= fraction <= 1.0:
+            _fail(ValueError(f"--gate: {key} must be a number from 0 to 1, not {raw!r}"))
+        return fraction
     try:
         number = int(raw)
     except ValueError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -160,7 +161,10 @@ async def rehearse(
     done = list(items)
     for i, generation in zip(picked, generations):
         out[i] = generation
-        done[i] = replace(items[i], prediction=generation.parsed)
+        prediction = generation.parsed
+        if generation.logprobs and prediction is not None and prediction.confidence is None:
+            prediction = prediction.model_copy(update={"confidence": math.exp(generation.logprobs[0])})
+        done[i] = replace(items[i], prediction=prediction)
     return done, out
 
 

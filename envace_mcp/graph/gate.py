@@ -40,6 +40,11 @@ class GateConfig:
     """A predicted error is sent back to the agent instead of spending a real call that would fail."""
     block_destructive_on_predicted_failure: bool = True
     """Destructive calls predicted to fail (often policy violations) are where rehearsal pays off most."""
+    min_failure_confidence: float = 0.0
+    """A predicted failure stops a call (block, feedback) only when the rehearsal was at least this sure of
+    it (`Prediction.confidence`; none reported counts as sure). 0 trusts every predicted failure; a small
+    world model that predicts failures too often false-blocks requested writes, and its confidence
+    ranks them (docs/evidence.md, fourth session)."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "destructive", "always"] = "never"
@@ -90,7 +95,8 @@ def decide(
     simulated = mode == "simulated" or (mode == "mixed" and not spec.annotations.read_only)
     if simulated:
         return Decision("simulate", f"{mode} mode: the rehearsal answers this call")
-    failing = prediction is not None and prediction.status == "tool_error"
+    failing = (prediction is not None and prediction.status == "tool_error"
+               and (prediction.confidence is None or prediction.confidence >= config.min_failure_confidence))
     if failing and spec.annotations.destructive and config.block_destructive_on_predicted_failure:
         why = f"rehearsal predicts {prediction.code}: {prediction.message or prediction.details or 'failure'}"
         if config.approve_blocked:

@@ -104,6 +104,9 @@ class Prediction(BaseModel):
     message: str = ""
     details: Any = None
     repaired: bool = False
+    confidence: float | None = None
+    """The probability the rehearse role gave the first token it wrote (where an error reply and a result
+    part ways): how sure it was of this outcome. `None` when the backend reports no logprobs."""
     text: str | None = None
     """Inline rehearsals: the tool turn as the model wrote it (what stands in for the tool's reply in
     simulated mode, so the trajectory continues the rehearsal's own tokens)."""

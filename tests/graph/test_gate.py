@@ -71,3 +71,15 @@ def test_budgets_and_approval_rules():
 def test_an_invalid_rehearsal_does_not_stop_a_call():
     garbled = Prediction(tool="transfer", status="invalid", code="MISSING_TAG")
     assert d(OK, WRITE, garbled).action == "execute"
+
+
+def test_a_predicted_failure_stops_a_call_only_when_the_rehearsal_was_sure_enough_of_it():
+    unsure = FAILS.model_copy(update={"confidence": 0.6})
+    assert d(OK, WRITE, unsure).action == "block"  # by default every predicted failure counts
+    assert d(OK, WRITE, unsure, min_failure_confidence=0.5).action == "block"
+    assert d(OK, WRITE, unsure, min_failure_confidence=0.8).action == "execute"
+    assert d(OK, WRITE, unsure, min_failure_confidence=0.8, require_approval="destructive").action == "ask"
+    call = ToolCall(id="3", name="add_note", arguments={})
+    assert d(call, SAFE_WRITE, unsure, min_failure_confidence=0.8).action == "execute"  # no feedback either
+    assert d(call, SAFE_WRITE, unsure, min_failure_confidence=0.6).action == "feedback"
+    assert d(OK, WRITE, FAILS, min_failure_confidence=0.99).action == "block"  # no confidence reported: sure

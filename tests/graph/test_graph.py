@@ -87,6 +87,28 @@ async def test_a_destructive_call_predicted_to_fail_is_blocked_and_never_reaches
     assert "predicted error EXECUTION_ERROR" in memory and "gate: block" in memory
 
 
+async def test_an_unsure_predicted_failure_lets_a_requested_write_reach_the_server(bank):
+    """`min_failure_confidence`: the same rehearsed failure, once too unsure to block (the transfer runs on
+    the real server), once sure enough (it does not)."""
+    from envace_mcp.policy import Prediction
+
+    suite, task = bank
+    trap = task.trap.arguments
+    moved = []
+    for confidence in (0.55, 0.95):
+        unsure = Prediction(tool="transfer", arguments=trap, status="tool_error", code="EXECUTION_ERROR",
+                            message="Insufficient funds", confidence=confidence)
+        policy = ScriptedPolicy(act=[call("transfer", **trap), "Done."], rehearse=[unsure])
+        episode = Episode(task, "bank")
+        async with Toolbox({"bank": suite.build_server()}) as toolbox:
+            out = await run(policy, toolbox.scoped(episode.meta), task, gate=GateConfig(min_failure_confidence=0.9))
+            final = await episode.final_state(toolbox)
+        policy.assert_complete()
+        assert out["rehearsals"][0]["prediction"]["confidence"] == confidence
+        moved.append((out["rehearsals"][0]["decision"], final != task.initial_state))
+    assert moved == [("execute", True), ("block", False)]
+
+
 async def test_a_retried_call_is_rehearsed_without_the_gates_refusal_so_the_world_model_cannot_copy_it(bank):
     from envace_mcp.policy.prompts import render_inline, render_rehearse
 

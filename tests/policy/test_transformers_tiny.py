@@ -172,3 +172,20 @@ async def test_prompts_sharing_a_prefix_hold_its_keys_and_values_once(tiny_qwen3
         for layer, (keys, values) in enumerate(kv):
             assert torch.allclose(keys, fresh.layers[layer].keys, atol=1e-5)
             assert torch.allclose(values, fresh.layers[layer].values, atol=1e-5)
+
+
+async def test_a_rehearsed_calls_confidence_is_the_probability_of_the_first_token_it_wrote(policy, bank_catalog):
+    """What `GateConfig.min_failure_confidence` reads: the graph puts exp(first logprob) on the prediction."""
+    import math
+
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.graph.calls import Proposal, rehearse
+
+    transfer = next(t for t in bank_catalog if t.name == "transfer")
+    call = ToolCall(id="t", name="transfer", arguments={"from_account_id": "CHK-1", "to_account_id": "SAV-2", "amount": 5})
+    [done], [generation] = await rehearse([Proposal(call, transfer)], policy=policy, catalog=bank_catalog,
+                                          history=[HumanMessage(content="move $5")], act_message="", mode="real",
+                                          config=GateConfig(), sampling=SamplingParams(max_new_tokens=6, temperature=0))
+    assert generation.logprobs and generation.parsed.confidence is None  # the backend's own parse is untouched
+    assert done.prediction.confidence == pytest.approx(math.exp(generation.logprobs[0]))
+    assert 0.0 < done.prediction.confidence <= 1.0
