@@ -74,6 +74,12 @@ class EvalSettings:
         if self.adapter:
             parts.append(f"adapter={Path(self.adapter).name}")
         parts += [f"mode={self.mode}", f"rehearse={self.rehearse}"]
+        from envace_mcp.graph.gate import GateConfig
+
+        default = asdict(GateConfig())  # two gates on one adapter are two configurations: name what differs
+        changed = {k: v for k, v in sorted(self.gate.items()) if default.get(k) != v}
+        if changed:
+            parts.append("gate:" + ",".join(f"{k}={v}" for k, v in changed.items()))
         return " ".join(parts)
 
 

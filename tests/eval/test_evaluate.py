@@ -43,6 +43,7 @@ def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurati
     assert diff["tasks"] == 3 and diff["mean"] < 0 and diff["low"] <= diff["mean"] <= diff["high"]
     md = (out / "results.md").read_text()
     assert "reference mode=real" in md and "bootstrap interval" in md
+    assert "rehearse=0 gate:rehearse=all |" in md  # a gate setting off its default is part of the label
     assert (out / "results.png").stat().st_size > 5_000 and (out / "a" / "results.png").exists()
 
 
