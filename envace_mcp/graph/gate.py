@@ -42,9 +42,10 @@ class GateConfig:
     """Destructive calls predicted to fail (often policy violations) are where rehearsal pays off most."""
     min_failure_confidence: float = 0.0
     """A predicted failure stops a call (block, feedback) only when the rehearsal was at least this sure of
-    it (`Prediction.confidence`; none reported counts as sure). 0 trusts every predicted failure; a small
-    world model that predicts failures too often false-blocks requested writes, and its confidence
-    ranks them (docs/evidence.md, fourth session)."""
+    it (`Prediction.confidence`; none reported counts as sure). 0 trusts every predicted failure. A
+    threshold trades stops of harmful calls for fewer false blocks only as far as the world model's
+    confidence ranks its mistakes: check that on saved runs first (benchmarks/gate_confidence.py; the
+    embedded 135M model's does not, docs/evidence.md)."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "destructive", "always"] = "never"
