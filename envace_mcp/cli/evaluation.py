@@ -170,13 +170,13 @@ def _finish(results: list[dict[str, Any]], out: Path | None, *, ran: bool = True
     if "judged_apart" in results[0]["summary"]:
         console.print(f"[yellow]{results[0]['summary']['judged_apart']['tasks']} task(s) need a language judge: "
                       "scored apart (see results.md)[/]")
-    gated = [res for res in results if res["summary"].get("gate_value", {}).get("proposed")]
-    for res in gated if comparison else ():
-        g = res["summary"]["gate_value"]
-        console.print(f"gate, {res['label']}: {g['proposed']} destructive calls proposed; harmful {g['harmful']}: "
-                      f"{g['harmful_stopped']} stopped, {g['harmful_executed']} executed; "
-                      f"false blocks {g['false_blocks']} / {g['requested']} requested")
     if comparison:
+        for res in results:
+            g = res["summary"].get("gate_value")
+            if g and g["proposed"]:
+                console.print(f"gate, {res['label']}: {g['proposed']} destructive calls proposed; harmful "
+                              f"{g['harmful']}: {g['harmful_stopped']} stopped, {g['harmful_executed']} executed; "
+                              f"false blocks {g['false_blocks']} / {g['requested']} requested")
         console.print(f"[bold]difference[/] (b − a, mean score over {comparison['tasks']} tasks): "
                       f"{comparison['mean']:+.3f}  95 % CI [{comparison['low']:+.3f}, {comparison['high']:+.3f}]  "
                       f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})")
