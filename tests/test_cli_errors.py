@@ -67,6 +67,8 @@ BAD = [
     (["run", "x", "--gate", "bogus=1"], "unknown setting 'bogus'"),
     (["run", "x", "--gate", "max_steps"], "needs a value"),
     (["run", "x", "--temperature", "-1"], "'--temperature'"),
+    (["run", "x", "--rehearse-max-new-tokens", "0"], "'--rehearse-max-new-tokens'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse_max_new_tokens=0"], "at least 1"),
     (["run", "x", "--model", "./no/such/model"], "'--model'"),
     (["run", "x", "--model", "{f}/a-file"], "'--model'"),
     (["run", "x", "--traces", "{f}/a-file"], "'--traces'"),

@@ -91,6 +91,10 @@ ServersOpt = Annotated[Optional[Path], typer.Option(
 ModelOpt = Annotated[Optional[str], typer.Option(callback=_model_name,
                                                  help="Hugging Face id or folder, or vllm:http://HOST:PORT/v1 (a vLLM server; default: embedded SmolLM2)")]
 TracesOut = Annotated[Optional[Path], typer.Option(file_okay=False, help="record the run into this trace folder")]
+RehearseTokensOpt = Annotated[Optional[int], typer.Option(
+    "--rehearse-max-new-tokens", min=1,
+    help="the rehearse role's own budget (default: --max-new-tokens); a tool's reply can be far longer than a "
+         "tool call, and a rehearsal cut short is no prediction")]
 SplitOpt = Annotated[Literal["train", "test", "validation", "fit"], typer.Option(
     help="which split's tasks (validation: every 8th train task of each kind; fit: the rest of train)")]
 
@@ -210,11 +214,15 @@ def _gate_value(key: str, raw: str, hint: Any) -> Any:
     return number
 
 
-def _sampling(max_new_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
+def _sampling(max_new_tokens: int, temperature: float, seed: int,
+              rehearse_max_new_tokens: int | None = None) -> dict[str, Any]:
+    """Per-role sampling: the act and critique roles share `max_new_tokens`; the rehearse role may have its own."""
     from envace_mcp.policy import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    return {"act": params, "rehearse": params, "critique": params}
+    rehearse = (params if rehearse_max_new_tokens is None
+                else params.model_copy(update={"max_new_tokens": rehearse_max_new_tokens}))
+    return {"act": params, "rehearse": rehearse, "critique": params}
 
 
 

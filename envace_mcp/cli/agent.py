@@ -12,6 +12,7 @@ from envace_mcp.cli._common import (
     INTERACTIVE_GATE,
     AdapterOpt,
     ModelOpt,
+    RehearseTokensOpt,
     ServersOpt,
     TracesOut,
     YesOpt,
@@ -40,6 +41,7 @@ def demo(
     yes: YesOpt = False,
     max_steps: Annotated[int, typer.Option(min=1, help="agent turns before the run stops")] = 4,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
+    rehearse_max_new_tokens: RehearseTokensOpt = None,
     traces: TracesOut = None,
 ) -> None:
     """The main job: the agent works a bundled server's test task over a real MCP transport.
@@ -89,7 +91,7 @@ def demo(
 
                 run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=gate_config,
                                      rehearse_n=rehearse, on_update=Transcript(console).update,
-                                     sampling=_sampling(max_new_tokens, 0.0, 0),
+                                     sampling=_sampling(max_new_tokens, 0.0, 0, rehearse_max_new_tokens),
                                      approve=TerminalApprover(console, assume_yes=yes),
                                      store=TraceStore(traces) if traces else None)
                 verdict = run.verdict
@@ -126,6 +128,7 @@ def run_command(
     gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,require_approval=never,max_steps=8")] = None,
     yes: YesOpt = False,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
+    rehearse_max_new_tokens: RehearseTokensOpt = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
     traces: TracesOut = None,
@@ -137,7 +140,7 @@ def run_command(
     terminal; --yes approves); the run ends with a summary."""
     gate_config = _gate(gate, INTERACTIVE_GATE)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter, mode, rehearse, strategy, gate_config,
-              _sampling(max_new_tokens, temperature, seed), traces, yes)
+              _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes)
 
 
 async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes) -> None:  # noqa: ANN001

@@ -9,7 +9,17 @@ from typing import Annotated, Any, Literal, Optional
 import anyio
 import typer
 
-from envace_mcp.cli._common import ModelOpt, SplitOpt, _adapter_folder, _fail, _gate, _suite, app, console
+from envace_mcp.cli._common import (
+    ModelOpt,
+    RehearseTokensOpt,
+    SplitOpt,
+    _adapter_folder,
+    _fail,
+    _gate,
+    _suite,
+    app,
+    console,
+)
 from envace_mcp.errors import EnvaceError
 
 
@@ -36,6 +46,7 @@ def eval_command(
         help="MCP transport (default: the suite's first)")] = None,
     gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,max_steps=8")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
+    rehearse_max_new_tokens: RehearseTokensOpt = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
     compare: Annotated[Optional[str], typer.Option(
@@ -57,7 +68,8 @@ def eval_command(
     settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
                             adapter=adapter, policy=policy, mode=mode, rehearse=rehearse, strategy=strategy,
                             repeats=repeats, concurrency=concurrency, transport=transport, gate=gate_config,
-                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+                            max_new_tokens=max_new_tokens, rehearse_max_new_tokens=rehearse_max_new_tokens,
+                            temperature=temperature, seed=seed)
     try:
         configs = [settings] + ([settings.overridden(compare)] if compare else [])
         tasks = select_tasks(target, settings)

@@ -9,7 +9,16 @@ from typing import Annotated, Any, Literal, Optional
 import anyio
 import typer
 
-from envace_mcp.cli._common import _fail, _model_name, _positive, _store, _suite, console, train_app
+from envace_mcp.cli._common import (
+    RehearseTokensOpt,
+    _fail,
+    _model_name,
+    _positive,
+    _store,
+    _suite,
+    console,
+    train_app,
+)
 from envace_mcp.errors import EnvaceError
 
 
@@ -88,6 +97,7 @@ def train_grpo_command(
     k: Annotated[int, typer.Option(min=2, help="online: runs per task (GRPO group size)")] = 4,
     mode: Annotated[Literal["simulated", "real", "mixed"], typer.Option(help="online: where tool results come from")] = "simulated",
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    rehearse_max_new_tokens: RehearseTokensOpt = None,
     config: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="GRPOConfig as JSON (every field optional)")] = None,
     steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (overrides the config)")] = None,
 ) -> None:
@@ -113,7 +123,7 @@ def train_grpo_command(
         if traces is not None:
             trainer: Any = OfflineGRPO(settings, _store(traces).directory, out)
         else:
-            trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split)
+            trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split, rehearse_max_new_tokens)
         records = _interruptible(trainer.run)
     except EnvaceError as exc:
         _fail(exc)
@@ -140,7 +150,7 @@ def _interruptible(run: Any) -> Any:
 
 
 def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int,
-                    split: str = "train") -> Any:
+                    split: str = "train", rehearse_max_new_tokens: int | None = None) -> Any:
     from envace_mcp.policy import SamplingParams
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.train.trainer import OnlineGRPO
@@ -151,6 +161,7 @@ def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str
         async with Toolbox({suite.name: suite.build_server()}) as toolbox:
             return list(toolbox.catalog)
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)  # no seed: each rollout draws its own
+    rehearse = params.model_copy(update={"max_new_tokens": rehearse_max_new_tokens or max_new_tokens})
     return OnlineGRPO(settings, suite, out, k=k, mode=mode, tools=anyio.run(catalog),
-                      sampling={"act": params, "rehearse": params}, split=split)
+                      sampling={"act": params, "rehearse": rehearse}, split=split)

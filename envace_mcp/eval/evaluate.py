@@ -49,24 +49,34 @@ class EvalSettings:
     """`inprocess` (bundled suites' default), `stdio`, `http`; the τ² suites are stdio only."""
     gate: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 160
+    rehearse_max_new_tokens: int | None = None
+    """The rehearse role's own budget (`None`: `max_new_tokens`). A tool's reply can be far longer than a
+    tool call: a retail order runs to ~360 tokens, and a rehearsal cut short parses as no prediction."""
     temperature: float = 0.0
     seed: int = 0
 
     def overridden(self, spec: str) -> EvalSettings:
         """A copy with `key=value,key=value` applied (`--compare rehearse=2`, `--compare adapter=DIR`)."""
+        from envace_mcp.errors import UserError
+
         values = asdict(self)
         for item in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, raw = item.partition("=")
             key = key.strip().replace("-", "_")
             if not sep or key not in values or key in ("suite", "split", "limit", "tasks", "gate"):
-                from envace_mcp.errors import UserError
-
                 raise UserError(f"--compare takes key=value pairs of: model, adapter, policy, mode, rehearse, "
-                                f"strategy, repeats, max_new_tokens, temperature, seed; got {item!r}")
+                                f"strategy, repeats, max_new_tokens, rehearse_max_new_tokens, temperature, seed; "
+                                f"got {item!r}")
             default = values[key]
-            values[key] = (int(raw) if isinstance(default, int) and not isinstance(default, bool)
-                           else float(raw) if isinstance(default, float)
-                           else None if raw.lower() in ("none", "") and key in ("model", "adapter", "transport") else raw)
+            if key == "rehearse_max_new_tokens":
+                values[key] = None if raw.strip().lower() in ("none", "") else int(raw)
+            else:
+                values[key] = (int(raw) if isinstance(default, int) and not isinstance(default, bool)
+                               else float(raw) if isinstance(default, float)
+                               else None if raw.lower() in ("none", "") and key in ("model", "adapter", "transport")
+                               else raw)
+            if key.endswith("max_new_tokens") and values[key] is not None and values[key] < 1:
+                raise UserError(f"--compare: {key} must be at least 1, not {values[key]}")
         return EvalSettings(**values)
 
     def label(self) -> str:
@@ -74,6 +84,8 @@ class EvalSettings:
         if self.adapter:
             parts.append(f"adapter={Path(self.adapter).name}")
         parts += [f"mode={self.mode}", f"rehearse={self.rehearse}"]
+        if self.rehearse_max_new_tokens is not None and self.rehearse_max_new_tokens != self.max_new_tokens:
+            parts.append(f"rehearse_tokens={self.rehearse_max_new_tokens}")
         from envace_mcp.graph.gate import GateConfig
 
         default = asdict(GateConfig())  # two gates on one adapter are two configurations: name what differs
@@ -113,7 +125,9 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     out.mkdir(parents=True, exist_ok=True)
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
-    sampling = {"act": params, "rehearse": params, "critique": params}
+    rehearse_params = (params if settings.rehearse_max_new_tokens is None
+                       else params.model_copy(update={"max_new_tokens": settings.rehearse_max_new_tokens}))
+    sampling = {"act": params, "rehearse": rehearse_params, "critique": params}
     gate = GateConfig(**settings.gate)
     judge = getattr(suite, "judge_required", lambda task: False)
     records: list[dict[str, Any]] = []

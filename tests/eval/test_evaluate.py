@@ -25,8 +25,8 @@ def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurati
     out = tmp_path / "bank"
     result = CliRunner().invoke(app, [
         "eval", "--suite", "bank", "--limit", "3", "--repeats", "2", "--policy", "reference", "--out", str(out),
-        "--gate", "rehearse=all", "--max-new-tokens", "8",
-        "--compare", f"policy=model,model={tiny_model},repeats=1,rehearse=1"])
+        "--gate", "rehearse=all", "--max-new-tokens", "8", "--rehearse-max-new-tokens", "300",
+        "--compare", f"policy=model,model={tiny_model},repeats=1,rehearse=1,rehearse_max_new_tokens=none"])
     assert result.exit_code == 0, result.output
     a, b = (json.loads((out / x / "results.json").read_text()) for x in ("a", "b"))
     assert a["summary"]["success"]["pass@1"] == 1.0 and a["summary"]["success"]["pass^2"] == 1.0
@@ -37,13 +37,21 @@ def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurati
     assert b["summary"]["success"]["score"] < 1.0 and b["summary"]["cost"]["tokens_act"] > 0
     # test-time rehearsal's imagined runs are part of the cost, counted apart
     assert b["summary"]["cost"]["tokens_imagined_act"] > 0 and b["summary"]["cost"]["tokens_imagined_critique"] > 0
-    assert len(list(TraceStore(out / "a" / "traces").read())) == 6
+    traces_a = list(TraceStore(out / "a" / "traces").read())
+    assert len(traces_a) == 6
+    # the rehearse role has its own token budget (a tool's reply is longer than a tool call); act keeps 8
+    budgets = {(s.role, s.sampling["max_new_tokens"]) for t in traces_a for s in t.steps if s.sampling is not None}
+    assert budgets == {("act", 8), ("rehearse", 300)}
+    budgets_b = {(s.role, s.sampling["max_new_tokens"]) for t in TraceStore(out / "b" / "traces").read()
+                 for s in t.steps if s.sampling is not None}
+    assert ("act", 8) in budgets_b and all(n == 8 for _, n in budgets_b)  # `none`: back to --max-new-tokens
     assert {t.rewards[-1].name for t in TraceStore(out / "b" / "traces").read()} == {"task"}
     diff = json.loads((out / "compare.json").read_text())["difference"]
     assert diff["tasks"] == 3 and diff["mean"] < 0 and diff["low"] <= diff["mean"] <= diff["high"]
     md = (out / "results.md").read_text()
     assert "reference mode=real" in md and "bootstrap interval" in md
-    assert "rehearse=0 gate:rehearse=all |" in md  # a gate setting off its default is part of the label
+    # a gate setting off its default, and the rehearse role's own budget, are part of the label
+    assert "rehearse=0 rehearse_tokens=300 gate:rehearse=all |" in md
     assert (out / "results.png").stat().st_size > 5_000 and (out / "a" / "results.png").exists()
 
 
@@ -51,6 +59,8 @@ def test_bad_options_fail_clearly(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(app, ["eval", "--suite", "bank", "--out", str(tmp_path), "--compare", "colour=blue"])
     assert bad.exit_code == 2 and "key=value" in bad.output
+    zero = runner.invoke(app, ["eval", "--suite", "bank", "--out", str(tmp_path), "--compare", "rehearse_max_new_tokens=0"])
+    assert zero.exit_code == 2 and "at least 1" in zero.output
     nope = runner.invoke(app, ["eval", "--suite", "tau2-airline", "--out", str(tmp_path), "--transport", "http"])
     assert nope.exit_code == 2 and "stdio" in nope.output
     unknown = runner.invoke(app, ["eval", "--suite", "chess", "--out", str(tmp_path)])
