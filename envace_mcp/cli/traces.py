@@ -101,13 +101,17 @@ def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is eno
 
 @traces_app.command("stats")
 def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
-    """Counts, success rate, rehearsal fidelity, tokens, real calls made and avoided."""
+    """Counts, success rate, the world model on executed calls, tokens, real calls made and avoided."""
+    from envace_mcp.eval.metrics import fidelity_summary, rehearsal_fidelity
+    from envace_mcp.eval.report import number
+
     store = _store(directory)
     runs, rewards, fidelity, tokens, real, avoided, generations = 0, [], [], 0, 0, 0, 0
     statuses: dict[str, int] = {}
     for trace in store.read(suite=suite):
         runs += 1
         statuses[trace.status] = statuses.get(trace.status, 0) + 1
+        fidelity += rehearsal_fidelity(trace)
         reward = trace.reward("task")
         if reward is not None and reward.value is not None:
             rewards.append(reward.value)
@@ -115,8 +119,6 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
             if step.prompt_ids is not None or step.completion_ids is not None:
                 generations += 1
                 tokens += len(step.prompt_ids or []) + len(step.completion_ids or [])
-            if step.role == "tool" and step.comparison is not None:
-                fidelity.append(step.comparison.score)
             if step.role == "tool" and not step.simulated and step.decision not in ("feedback", "block", "reject", "budget", "rejected_by_human"):
                 real += 1
             if step.role == "gate" and step.decision in ("feedback", "block", "reject", "budget", "simulate", "rejected_by_human"):
@@ -127,7 +129,14 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
     table.add_row("status", ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "-")
     table.add_row("success rate (task reward = 1)", f"{sum(r >= 1.0 for r in rewards) / len(rewards):.1%}" if rewards else "-")
     table.add_row("mean task reward", f"{sum(rewards) / len(rewards):.3f}" if rewards else "-")
-    table.add_row("rehearsal fidelity (mean match)", f"{sum(fidelity) / len(fidelity):.3f} over {len(fidelity)} calls" if fidelity else "-")
+    world = fidelity_summary(fidelity)
+    table.add_row("rehearsal fidelity (mean match)", f"{world['field_accuracy']:.3f} over {len(fidelity)} executed calls"
+                  if fidelity else "-")
+    if fidelity:
+        table.add_row("  exact / status right", f"{number(world['exact_match'])} / {number(world['error_prediction'])}")
+        for kind, what in (("echoed", "echoed from the call"), ("seen", "seen earlier in the run"),
+                           ("new", "new (computed, made)")):
+            table.add_row(f"  fields {what}", f"{number(world[f'{kind}_field_accuracy'])} of {world[f'{kind}_fields']}")
     table.add_row("tokens (prompt + completion)", f"{tokens} in {generations} generations")
     table.add_row("real calls made", str(real))
     table.add_row("real calls avoided by the gate", str(avoided))

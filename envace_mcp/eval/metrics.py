@@ -22,7 +22,13 @@ from collections.abc import Iterable, Sequence
 from math import comb
 from typing import Any
 
+from envace_mcp.policy.fidelity import field_split
+from envace_mcp.toolbox.result import ToolResult
+
 Call = tuple[str, Any]
+FIELD_KINDS = ("echoed", "seen", "new")
+"""A real result's fields: the call's own argument values, values read earlier in the run, and the rest
+(what the environment computed or made)."""
 STOPPED = ("block", "feedback", "budget", "reject", "rejected_by_human")
 """Gate decisions that kept a proposed call from running."""
 
@@ -59,16 +65,52 @@ def pass_at_k(successes: int, n: int, k: int) -> float:
     return 1.0 - comb(n - successes, k) / comb(n, k) if k <= n else float("nan")
 
 
+def rehearsal_fidelity(trace: Any) -> list[dict[str, Any]]:
+    """Each executed call that was rehearsed: its match score, exact or not, whether the predicted status
+    (error or result) was right, and, for a successful real result, its fields split into echoed, seen
+    and new ones with how many the prediction got (`policy.fidelity.field_split`; seen: in an earlier
+    real result of the run)."""
+    predicted = {s.call_id: s.parsed if isinstance(s.parsed, dict) else {} for s in trace.steps if s.role == "rehearse"}
+    out, earlier = [], []
+    for step in trace.steps:
+        if step.role != "tool" or step.simulated or not step.result or step.decision not in ("execute", None):
+            continue
+        real_error = bool(step.result.get("is_error"))
+        value = None if real_error else ToolResult.model_validate(step.result).value
+        if step.comparison is not None and step.tool:
+            prediction = predicted.get(step.call_id) or {}
+            guess = prediction.get("status")
+            record = {"score": step.comparison.score, "exact": step.comparison.score >= 1.0,
+                      "error_ok": guess in ("result", "tool_error") and (guess == "tool_error") == real_error}
+            if not real_error:
+                record["fields"] = field_split(prediction.get("result") if guess == "result" else None, value,
+                                               step.arguments, earlier)
+            out.append(record)
+        if not real_error:
+            earlier.append(value)
+    return out
+
+
+def fidelity_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`rehearsal_fidelity` records pooled: means per call; the accuracy on echoed, seen and new fields
+    pooled over the fields of successful real results (None where there are none)."""
+    split: Counter[str] = Counter()
+    for f in records:
+        split.update(f.get("fields") or {})
+    return {"executed_rehearsed_calls": len(records), "exact_match": _mean(float(f["exact"]) for f in records),
+            "field_accuracy": _mean(f["score"] for f in records),
+            "error_prediction": _mean(float(f["error_ok"]) for f in records),
+            **{f"{kind}_field_accuracy": split[f"{kind}_ok"] / split[kind] if split[kind] else None for kind in FIELD_KINDS},
+            **{f"{kind}_fields": split[kind] for kind in FIELD_KINDS}}
+
+
 def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bool = False,
                repeat: int = 0, destructive: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What one run contributes to the metrics, read from its trace (`destructive`: the run's
     destructive calls with what the gate did and what each would have done, where the suite says)."""
     made: list[Call] = []
-    fidelity: list[dict[str, Any]] = []
     tokens: Counter[str] = Counter()
     gate: Counter[str] = Counter()
-    predicted = {s.call_id: (s.parsed or {}).get("status") if isinstance(s.parsed, dict) else None
-                 for s in trace.steps if s.role == "rehearse"}
     for step in trace.steps:
         if step.role in ("act", "rehearse", "critique") and step.completion_ids:
             tokens[step.role] += len(step.completion_ids)
@@ -76,11 +118,6 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
             gate[step.decision] += 1
         elif step.role == "tool" and step.decision in ("execute", "simulate", None) and step.tool:
             made.append((step.tool, step.arguments or {}))
-            if step.comparison is not None and not step.simulated:
-                guess = predicted.get(step.call_id)
-                real_error = bool((step.result or {}).get("is_error"))
-                fidelity.append({"score": step.comparison.score, "exact": step.comparison.score >= 1.0,
-                                 "error_ok": guess in ("result", "tool_error") and (guess == "tool_error") == real_error})
     if not any(s.role == "tool" for s in trace.steps):  # single-turn suites (BFCL AST): nothing executes,
         for step in trace.steps:                          # the calls the model proposed are its answer
             if step.role == "act" and isinstance(step.parsed, dict):
@@ -93,7 +130,7 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
         "score": score, "passed": score is not None and score >= 1.0, "judge_required": judge_required,
         "status": trace.status,
         "calls": call_match(made, [(a.tool, dict(a.arguments)) for a in task.actions]),
-        "fidelity": fidelity, "tokens": dict(tokens), "gate": dict(gate), "real_calls": real_calls,
+        "fidelity": rehearsal_fidelity(trace), "tokens": dict(tokens), "gate": dict(gate), "real_calls": real_calls,
         "stopped_calls": sum(gate[d] for d in STOPPED),
         "wall_s": (trace.ended_at or trace.started_at) - trace.started_at,
         **({"destructive": destructive} if destructive is not None else {}),
@@ -128,9 +165,7 @@ def _summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tool_calls = {**prf(sum(c["tp"] for c in calls), made, ref),
                   "name_f1": prf(sum(c["tp_name"] for c in calls), made, ref)["f1"],
                   "exact_match": _mean(float(c["exact"]) for c in calls), "made": made, "reference": ref}
-    fid = [f for r in records for f in r["fidelity"]]
-    fidelity = {"executed_rehearsed_calls": len(fid), "exact_match": _mean(float(f["exact"]) for f in fid),
-                "field_accuracy": _mean(f["score"] for f in fid), "error_prediction": _mean(float(f["error_ok"]) for f in fid)}
+    fidelity = fidelity_summary([f for r in records for f in r["fidelity"]])
     roles = sorted({role for r in records for role in r["tokens"]})
     cost = {"runs": len(records), **{f"tokens_{role}": sum(r["tokens"].get(role, 0) for r in records) for role in roles},
             "real_calls": sum(r["real_calls"] for r in records), "stopped_calls": sum(r["stopped_calls"] for r in records),

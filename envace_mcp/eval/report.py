@@ -61,6 +61,20 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
                          f"({_percent(g['harmful_stopped_rate'])}) | {g['harmful_executed']} | {g['would_fail_stopped']} / {g['would_fail']} stopped "
                          f"| {g['unrequested_stopped']} / {g['unrequested']} stopped "
                          f"| {g['false_blocks']} / {g['requested']} ({_percent(g['false_block_rate'])}) |")
+    modelled = [res for res in results if res["summary"]["fidelity"]["executed_rehearsed_calls"]]
+    if modelled:
+        lines += ["", "The world model on executed rehearsed calls. Fields of successful real results: *echoed* "
+                      "repeat one of the call's arguments, *seen* were in an earlier real result of the run, *new* "
+                      "the environment computed or made (new balances, changed statuses, fresh ids):", "",
+                  "| configuration | calls | exact | field acc. | echoed fields | seen fields | new fields | status acc. |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for res in modelled:
+            f = res["summary"]["fidelity"]
+            lines.append(f"| {res['label']} | {f['executed_rehearsed_calls']} | {number(f['exact_match'])} "
+                         f"| {number(f['field_accuracy'])} | "
+                         + " | ".join(f"{number(f.get(f'{kind}_field_accuracy'))} (n={f.get(f'{kind}_fields', 0)})"
+                                      for kind in ("echoed", "seen", "new"))
+                         + f" | {number(f['error_prediction'])} |")
     for res in results:
         apart = res["summary"].get("judged_apart")
         if apart:

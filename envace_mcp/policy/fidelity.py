@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,14 +61,48 @@ def compare(prediction: Prediction, real: ToolResult) -> Match:
                      mismatches=[] if ok else ["predicted a result, the tool failed"])
     if prediction.status == "tool_error":
         return Match(score=0.0, status_match=False, mismatches=["predicted an error, the tool succeeded"])
-    actual = real.value
-    if isinstance(actual, str):
-        try:
-            actual = json.loads(actual)
-        except ValueError:
-            pass
-    truth, guess = leaves(actual), leaves(prediction.result)
+    truth, guess = leaves(_parsed(real.value)), leaves(prediction.result)
     mismatches = [p for p, v in truth.items() if p not in guess or not _same(guess[p], v)]
     matched = len(truth) - len(mismatches)
     return Match(score=matched / len(truth) if truth else 1.0, status_match=True, fields=len(truth),
                  matched=matched, mismatches=mismatches[:20])
+
+
+
+def _key(path: str) -> str:
+    """A leaf path's last key, list indices dropped (`items[2].price` -> `price`)."""
+    return path.rsplit(".", 1)[-1].split("[", 1)[0]
+
+
+def field_split(predicted: Any, real: Any, arguments: Any, earlier: Iterable[Any] = ()) -> dict[str, int]:
+    """A successful real result's leaf fields in three kinds, with how many a predicted result got right:
+
+    - `echoed`: the value is one of the call's own argument values (the ids, names, amounts it was given);
+    - `seen`: an earlier real result of the run had a field of the same name with this value (an order's
+      items read before it is cancelled): the world model can copy it from the conversation;
+    - `new`: neither: the environment computed or made it (new balances, a changed status, a fresh id).
+
+    `predicted=None` (an invalid rehearsal, or an error predicted for a success) gets none right."""
+    given = [v for v in (leaves(arguments).values() if isinstance(arguments, (dict, list)) else [arguments])
+             if not isinstance(v, (dict, list))]
+    shown: dict[str, list[Any]] = {}
+    for value in earlier:
+        for path, leaf in leaves(_parsed(value)).items():
+            shown.setdefault(_key(path), []).append(leaf)
+    guess = leaves(predicted) if predicted is not None else {}
+    out = {"echoed": 0, "echoed_ok": 0, "seen": 0, "seen_ok": 0, "new": 0, "new_ok": 0}
+    for path, value in leaves(_parsed(real)).items():
+        kind = ("echoed" if any(_same(value, g) for g in given)
+                else "seen" if any(_same(value, v) for v in shown.get(_key(path), ())) else "new")
+        out[kind] += 1
+        out[f"{kind}_ok"] += int(path in guess and _same(guess[path], value))
+    return out
+
+
+def _parsed(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    return value

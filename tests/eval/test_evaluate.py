@@ -190,6 +190,11 @@ async def test_the_gates_value_counts_harmful_calls_stopped_and_requested_calls_
     assert (g["proposed"], g["harmful"], g["harmful_stopped"], g["requested"], g["false_blocks"]) == (4, 3, 1, 1, 0)
     assert (g["would_fail"], g["would_fail_stopped"], g["unrequested"], g["unrequested_stopped"]) == (1, 1, 2, 0)
     assert g["harmful_stopped_rate"] == pytest.approx(1 / 3) and g["false_block_rate"] == 0.0
+    # the perfect world model gets every field of the executed transfers and orders, echoed and computed
+    f = perfect["summary"]["fidelity"]
+    assert f["executed_rehearsed_calls"] == 3 and f["echoed_fields"] > 0 and f["new_fields"] > 0
+    assert f["echoed_field_accuracy"] == 1.0 and f["new_field_accuracy"] == 1.0
+    assert "| 3 | 1.000 | 1.000 | 1.000 (n=" in (tmp_path / "perfect" / "results.md").read_text()
 
     blocking = await evaluate(suite, tasks, settings, out=tmp_path / "pessimist",
                               policy=FunctionPolicy(act=role("act"), rehearse=pessimist))

@@ -42,13 +42,18 @@ def test_summary_pass_k_fidelity_and_judged_tasks_apart():
     records = [_record("t1", True), _record("t1", True), _record("t2", True), _record("t2", False),
                _record("t3", False, judge=True),
                _record("t3", False, judge=True, fidelity=[{"score": 0.5, "exact": False, "error_ok": True}])]
-    records[0]["fidelity"] = [{"score": 1.0, "exact": True, "error_ok": True}, {"score": 0.0, "exact": False, "error_ok": False}]
+    records[0]["fidelity"] = [{"score": 1.0, "exact": True, "error_ok": True,
+                               "fields": {"echoed": 2, "echoed_ok": 2, "seen": 0, "seen_ok": 0, "new": 3, "new_ok": 3}},
+                              {"score": 0.0, "exact": False, "error_ok": False,
+                               "fields": {"echoed": 2, "echoed_ok": 0, "seen": 0, "seen_ok": 0, "new": 1, "new_ok": 0}}]
     s = summarize(records)
     assert s["success"]["tasks"] == 2 and s["success"]["repeats"] == 2
     assert s["success"]["pass@1"] == pytest.approx(0.75) and s["success"]["pass^2"] == pytest.approx(0.5)
     assert s["tool_calls"]["precision"] == pytest.approx(0.75)
+    # echoed / seen / new fields pool over the fields of successful real results, not over calls
     assert s["fidelity"] == {"executed_rehearsed_calls": 2, "exact_match": 0.5, "field_accuracy": 0.5,
-                             "error_prediction": 0.5}
+                             "error_prediction": 0.5, "echoed_field_accuracy": 0.5, "seen_field_accuracy": None,
+                             "new_field_accuracy": 0.75, "echoed_fields": 4, "seen_fields": 0, "new_fields": 4}
     assert s["cost"]["tokens_act"] == 40 and s["judged_apart"]["tasks"] == 1
 
 

@@ -1,5 +1,5 @@
 from envace_mcp.policy import Prediction
-from envace_mcp.policy.fidelity import compare, leaves
+from envace_mcp.policy.fidelity import compare, field_split, leaves
 from envace_mcp.toolbox import ToolResult
 
 REAL = ToolResult(tool="get_balance", structured_content={"account_id": "CHK-1", "balance": 12.5, "tags": ["a", "b"]})
@@ -29,3 +29,21 @@ def test_status_decides_errors_and_invalid_rehearsals_score_zero():
 
 def test_leaves_flatten_nested_json():
     assert leaves({"a": {"b": [1, {"c": None}]}, "d": []}) == {"a.b[0]": 1, "a.b[1].c": None, "d": []}
+
+
+
+def test_field_split_tells_echoed_and_earlier_seen_fields_from_what_the_environment_computed():
+    call = {"from_account_id": "CHK-1", "to_account_id": "SAV-2", "amount": 50}
+    earlier = [{"account_id": "CHK-1", "balance": 1000.0, "currency": "USD"}, '{"quote": 3.5, "currency": "USD"}']
+    real = {"from_account_id": "CHK-1", "to_account_id": "SAV-2", "amount": 50.0, "currency": "USD",
+            "from_balance": 950.0, "to_balance": 150.0, "transfer_id": "TXN-7"}
+    # a world model that copies the call and the currency it read, but guesses the new balances wrong
+    copied = {"from_account_id": "CHK-1", "to_account_id": "SAV-2", "amount": 50, "currency": "USD",
+              "from_balance": 1000.0, "to_balance": 150.0, "transfer_id": "TXN-1"}
+    assert field_split(copied, real, call, earlier) == {"echoed": 3, "echoed_ok": 3, "seen": 1, "seen_ok": 1,
+                                                        "new": 3, "new_ok": 1}
+    # seen means the same field name with the same value: an old balance is no new balance
+    assert field_split(copied, {"from_balance": 1000.0}, call, earlier)["new"] == 1
+    # no usable prediction (invalid, or an error predicted for a success) gets no field; JSON text is parsed
+    assert field_split(None, '{"id": "CHK-1", "balance": 2}', {"account_id": "CHK-1"}) == \
+        {"echoed": 1, "echoed_ok": 0, "seen": 0, "seen_ok": 0, "new": 1, "new_ok": 0}
