@@ -7,12 +7,16 @@ gate lets them through. A probe takes a reference call and changes one argument,
 them wrong, keeping only changes the tool's input schema accepts (the schema check already stops the
 rest without a model):
 
-- `drop_digit` / `digit`: an id with one digit dropped or changed (`CHK-995` for `CHK-9995`);
-- `swap`: an id replaced by another id of the same kind seen in the conversation (another account);
+- `drop_digit` / `digit`: an id with one digit dropped or changed (`CHK-995` for `CHK-9995`): an
+  order, account or gift card that does not exist;
+- `swap`: an id replaced by another id of the same kind seen in the conversation (another account,
+  another of the customer's orders, an item of another order);
 - `scale`: a number × 100 (an amount over the balance, a quantity over the position);
 - `halve`: a number halved (usually still legal: a *right* call whose reply the world model must
   compute, a new balance or total, rather than copy; balances the errors above);
 - `enum`: another value of an enumerated argument (`market` for `limit`, `sell` for `buy`).
+
+Ids in a list (retail's `item_ids`) are changed one element at a time (field `item_ids[0]`).
 
 The changed call really runs, on the suite's in-process server in the state the prefix reached,
 and its real reply (error or not: some changes are legal) is the rehearse target SFT learns
@@ -35,8 +39,9 @@ from typing import Any
 from envace_mcp.errors import UserError
 from envace_mcp.servers._common import Action, Task
 
-ID = re.compile(r"\b([A-Z]{1,6}-)(\d{2,})\b")
-"""Id-like strings: a capital prefix and digits (`CHK-9995`, `ORD-17`, `C-1042`)."""
+ID = re.compile(r"(?<![\w#])(#?[A-Z]{1,6}-?|[a-z]+(?:_[a-z]+)*_)(\d{2,})\b")
+"""Id-like strings: a prefix and digits. Capital prefixes with or without a hyphen or a `#` (`CHK-9995`,
+`ORD-17`, retail's `#W4527346`, `I-13888`) and snake-case ones (`gift_card_3561`, `ana_silva_2675`)."""
 FAMILY = {"drop_digit": "typo", "digit": "typo"}
 """Mutations of one family (an id mistyped one way or another) count as one kind when probes are
 picked: each family once, in a random order, before any family twice."""
@@ -87,15 +92,12 @@ def mutations(arguments: dict[str, Any], schema: dict[str, Any], seen: str) -> I
         prop = _argument_schema(schema, name)
         changed: list[tuple[str, Any]] = []
         if isinstance(value, str):
-            match = ID.search(value)
-            if match:
-                prefix, digits = match.groups()
-                start, end = match.span(2)
-                changed.append(("drop_digit", value[:start] + digits[:-1] + value[end:]))
-                last = str((int(digits[-1]) + 1) % 10)
-                changed.append(("digit", value[:start] + digits[:-1] + last + value[end:]))
-                others = sorted({m.group(0) for m in ID.finditer(seen) if m.group(1) == prefix} - {match.group(0)})
-                changed += [("swap", value[:match.start()] + other + value[match.end():]) for other in others]
+            changed += _id_changes(value, seen)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, str):
+                    for mutation, new in _id_changes(item, seen):
+                        yield mutation, f"{name}[{i}]", {**arguments, name: [*value[:i], new, *value[i + 1:]]}
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             changed.append(("scale", value * 100))
             half = value // 2 if isinstance(value, int) else round(value / 2, 2)
@@ -106,6 +108,21 @@ def mutations(arguments: dict[str, Any], schema: dict[str, Any], seen: str) -> I
                 changed.append(("enum", option))
         for mutation, new in changed:
             yield mutation, name, {**arguments, name: new}
+
+
+def _id_changes(value: str, seen: str) -> list[tuple[str, str]]:
+    """The id in `value` mistyped (a digit dropped, the last one changed) and swapped for each other id
+    of its kind in `seen`; nothing when `value` holds no id."""
+    match = ID.search(value)
+    if not match:
+        return []
+    prefix, digits = match.groups()
+    start, end = match.span(2)
+    last = str((int(digits[-1]) + 1) % 10)
+    changed = [("drop_digit", value[:start] + digits[:-1] + value[end:]),
+               ("digit", value[:start] + digits[:-1] + last + value[end:])]
+    others = sorted({m.group(0) for m in ID.finditer(seen) if m.group(1) == prefix} - {match.group(0)})
+    return changed + [("swap", value[:match.start()] + other + value[match.end():]) for other in others]
 
 
 def task_probes(task: Task, results: list[Any], schemas: dict[str, dict[str, Any]], valid: Callable[[str, dict[str, Any]], bool],

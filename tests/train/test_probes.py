@@ -28,6 +28,19 @@ def test_mutations_mistype_ids_swap_seen_ids_scale_and_halve_numbers_and_flip_en
     assert halved == {3} and not [m for m, _, _ in mutations({"limit": 1}, SCHEMA, "") if m == "halve"]  # ints stay ints, never 0
 
 
+def test_retail_ids_with_a_hash_or_a_snake_case_prefix_and_ids_in_lists_are_mistyped_and_swapped():
+    seen = "orders #W4527346 and #W1000001; items I-13888, I-20000; gift_card_3561, gift_card_1000, credit_card_2222"
+    found = {(m, f, str(a[f.split("[")[0]])) for m, f, a in mutations(
+        {"order_id": "#W4527346", "item_ids": ["I-13888"], "payment_method_id": "gift_card_3561"}, {}, seen)}
+    assert found == {
+        ("drop_digit", "order_id", "#W452734"), ("digit", "order_id", "#W4527347"), ("swap", "order_id", "#W1000001"),
+        ("drop_digit", "item_ids[0]", "['I-1388']"), ("digit", "item_ids[0]", "['I-13889']"),
+        ("swap", "item_ids[0]", "['I-20000']"),  # an item of another order: not in this one
+        ("drop_digit", "payment_method_id", "gift_card_356"), ("digit", "payment_method_id", "gift_card_3562"),
+        ("swap", "payment_method_id", "gift_card_1000")}  # another gift card, never the credit card
+    assert not list(mutations({"street": "7 Pine Rd", "zip": "82501", "symbol": "AAPL"}, {}, seen))  # no id, no change
+
+
 def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_any_twice():
     from envace_mcp.eval import get_suite
     from envace_mcp.toolbox.validation import ArgumentValidator
@@ -118,3 +131,22 @@ def test_probes_with_the_models_own_rehearsals_score_its_world_model_on_wrong_ca
     for run in TraceStore(tmp_path).read():
         rehearsal = next(s for s in run.steps if s.role == "rehearse")
         assert len(rehearsal.completion_ids) <= 8  # sampled by the model, not forced
+
+
+def test_retail_probes_reach_real_errors_on_the_retail_server(tiny_policy, tmp_path):
+    """Retail's calls carry `#W` order ids, item id lists and snake-case payment ids: mistyped or swapped,
+    the real retail server refuses them (before, its probes were mostly right calls)."""
+    from envace_mcp.toolbox import ToolResult
+    from envace_mcp.train.probes import record_probe_traces
+
+    summary = anyio.run(lambda: record_probe_traces(tiny_policy, "retail", tmp_path, split="fit", limit=6, per_call=2,
+                                                    kinds=["typo", "swap"]))
+    runs = list(TraceStore(tmp_path).read())
+    assert summary.runs == len(runs) > 6
+    probed = [(r.metadata["probe"], next(s for s in r.steps if s.role == "tool" and s.call_id == r.metadata["probe"]["call_id"]))
+              for r in runs]
+    errors = [(p, s) for p, s in probed if s.result.get("is_error")]
+    assert len(errors) == summary.real_errors and len(errors) >= len(runs) // 2
+    assert any(p["field"].startswith("item_ids[") and "are not in order" in ToolResult.text_of(s.result)
+               for p, s in errors)  # an id in a list, changed alone: an item the order does not hold
+    assert any(p["field"] == "order_id" and "Unknown order" in ToolResult.text_of(s.result) for p, s in errors)
