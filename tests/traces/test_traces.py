@@ -358,7 +358,8 @@ def test_traces_cli_lists_shows_and_summarises_runs(tmp_path):
     shown = cli("traces", "show", "fixture-0", "--dir", str(fixtures))
     assert shown.returncode == 0 and "rehearsed:" in shown.stdout and "(matched)" in shown.stdout
     stats = cli("traces", "stats", str(fixtures))
-    assert stats.returncode == 0 and "50.0%" in stats.stdout and "1.000 over 2 calls" in stats.stdout
+    assert stats.returncode == 0 and "50.0%" in stats.stdout and "1.000 over 2 executed calls" in stats.stdout
+    assert re.search(r"fields echoed from the call\s+│ 1\.000 of \d+", stats.stdout)  # the world model by kind of field
     missing = cli("traces", "ls", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     torn = tmp_path / "torn"
