@@ -59,3 +59,16 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     bad.write_text(json.dumps({"epsilon_typo": 1}))
     refused = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "g2"), "--config", str(bad))
     assert refused.returncode == 2 and "bad GRPO config" in refused.stderr
+
+
+def test_online_grpo_rollouts_give_the_rehearse_role_its_own_budget_and_draw_their_own_seeds(tmp_path):
+    from envace_mcp.cli.train import _online_trainer
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.trainer import GRPOConfig
+
+    model = build_tiny_qwen3(tmp_path / "tiny")
+    own = _online_trainer(GRPOConfig(model=str(model)), "bank", tmp_path / "a", 2, "simulated", 16, "fit", 300)
+    assert {k: (v.max_new_tokens, v.temperature, v.seed) for k, v in own.source.sampling.items()} == {
+        "act": (16, 1.0, None), "rehearse": (300, 1.0, None)}  # no fixed seed: a group's K runs must differ
+    same = _online_trainer(GRPOConfig(model=str(model)), "bank", tmp_path / "b", 2, "simulated", 16, "fit")
+    assert same.source.sampling["rehearse"].max_new_tokens == 16
