@@ -218,11 +218,10 @@ def _sampling(max_new_tokens: int, temperature: float, seed: int,
               rehearse_max_new_tokens: int | None = None) -> dict[str, Any]:
     """Per-role sampling: the act and critique roles share `max_new_tokens`; the rehearse role may have its own."""
     from envace_mcp.policy import SamplingParams
+    from envace_mcp.policy.types import role_sampling
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    rehearse = (params if rehearse_max_new_tokens is None
-                else params.model_copy(update={"max_new_tokens": rehearse_max_new_tokens}))
-    return {"act": params, "rehearse": rehearse, "critique": params}
+    return role_sampling(SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed),
+                         rehearse_max_new_tokens)
 
 
 

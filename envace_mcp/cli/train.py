@@ -152,6 +152,7 @@ def _interruptible(run: Any) -> Any:
 def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int,
                     split: str = "train", rehearse_max_new_tokens: int | None = None) -> Any:
     from envace_mcp.policy import SamplingParams
+    from envace_mcp.policy.types import role_sampling
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.train.trainer import OnlineGRPO
 
@@ -161,7 +162,7 @@ def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str
         async with Toolbox({suite.name: suite.build_server()}) as toolbox:
             return list(toolbox.catalog)
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)  # no seed: each rollout draws its own
-    rehearse = params.model_copy(update={"max_new_tokens": rehearse_max_new_tokens or max_new_tokens})
+    # no seed: each rollout draws its own; no critique entry: rollouts keep the policy's own critique sampling
+    roles = role_sampling(SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), rehearse_max_new_tokens)
     return OnlineGRPO(settings, suite, out, k=k, mode=mode, tools=anyio.run(catalog),
-                      sampling={"act": params, "rehearse": rehearse}, split=split)
+                      sampling={"act": roles["act"], "rehearse": roles["rehearse"]}, split=split)

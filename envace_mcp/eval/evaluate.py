@@ -119,15 +119,14 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     """Run every task `settings.repeats` times; write results.json / .md / .png and traces under `out`."""
     from envace_mcp.eval.runner import run_task
     from envace_mcp.policy import SamplingParams
+    from envace_mcp.policy.types import role_sampling
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
     out.mkdir(parents=True, exist_ok=True)
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
-    rehearse_params = (params if settings.rehearse_max_new_tokens is None
-                       else params.model_copy(update={"max_new_tokens": settings.rehearse_max_new_tokens}))
-    sampling = {"act": params, "rehearse": rehearse_params, "critique": params}
+    sampling = role_sampling(params, settings.rehearse_max_new_tokens)
     gate = GateConfig(**settings.gate)
     judge = getattr(suite, "judge_required", lambda task: False)
     records: list[dict[str, Any]] = []

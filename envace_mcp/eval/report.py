@@ -7,6 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from envace_mcp.eval.metrics import FIELD_KINDS
+
 CHART = [("success", "score", "mean score"), ("success", "pass@1", "pass@1"), ("tool_calls", "f1", "tool-call F1"),
          ("tool_calls", "exact_match", "call exact match"), ("fidelity", "field_accuracy", "rehearsal field acc."),
          ("fidelity", "error_prediction", "error prediction")]
@@ -73,7 +75,7 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
             lines.append(f"| {res['label']} | {f['executed_rehearsed_calls']} | {number(f['exact_match'])} "
                          f"| {number(f['field_accuracy'])} | "
                          + " | ".join(f"{number(f.get(f'{kind}_field_accuracy'))} (n={f.get(f'{kind}_fields', 0)})"
-                                      for kind in ("echoed", "seen", "new"))
+                                      for kind in FIELD_KINDS)
                          + f" | {number(f['error_prediction'])} |")
     for res in results:
         apart = res["summary"].get("judged_apart")

@@ -68,7 +68,6 @@ def compare(prediction: Prediction, real: ToolResult) -> Match:
                  matched=matched, mismatches=mismatches[:20])
 
 
-
 def _key(path: str) -> str:
     """A leaf path's last key, list indices dropped (`items[2].price` -> `price`)."""
     return path.rsplit(".", 1)[-1].split("[", 1)[0]

@@ -19,6 +19,14 @@ from envace_mcp.traces.schema import RehearseFormat
 Role = Literal["act", "rehearse", "critique"]
 
 
+def role_sampling(params: SamplingParams, rehearse_max_new_tokens: int | None = None) -> dict[Role, SamplingParams]:
+    """`params` for every role, the rehearse role with its own token budget when given (`None`: the same).
+    A tool's reply can be far longer than a tool call, and a rehearsal cut short is no prediction."""
+    rehearse = (params if rehearse_max_new_tokens is None
+                else params.model_copy(update={"max_new_tokens": rehearse_max_new_tokens}))
+    return {"act": params, "rehearse": rehearse, "critique": params}
+
+
 
 class ParseIssue(BaseModel):
     """Something the parser noticed or repaired in model output."""
