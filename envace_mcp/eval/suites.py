@@ -52,6 +52,17 @@ def split_tasks(tasks: Sequence[Task], split: str) -> list[Task]:
     return out
 
 
+def tasks_of_kinds(tasks: list[Task], kinds: list[str] | None, split: str) -> list[Task]:
+    """`tasks` of the given kinds (None: all), in their order; a kind the split does not have is an error."""
+    if kinds is None:
+        return tasks
+    known = sorted({t.kind for t in tasks})
+    unknown = sorted(set(kinds) - set(known))
+    if unknown or not kinds:
+        raise UserError(f"kinds {unknown or '[]'}: not among the {split!r} split's task kinds {known}")
+    return [t for t in tasks if t.kind in kinds]
+
+
 class TaskSuite(Protocol):
     """What `run_task` and `envace eval` need from a suite (bundled, τ², BFCL, or your own).
 

@@ -42,6 +42,10 @@ class GRPOConfig(BaseModel):
     the rounds run out: the step trains on those it has). 0: off, the step keeps every group. Either way
     each step logs `uniform_groups` (the fraction of the groups it rolled out that carried no signal) and
     `rolled_groups`. After SFT on bank, 7 of 8 groups were uniform in a 2-step run."""
+    kinds: list[str] | None = None
+    """Online GRPO: roll out only the split's tasks of these kinds (`Task.kind`); None: every kind. For
+    groups with signal, point it at the kinds a validation run scored neither 0 nor 1 (the issue's
+    "middling" tasks): a kind the start adapter always or never solves rolls out uniform groups."""
     loss_type: Literal["token_mean", "sequence_mean", "dr_grpo", "dapo"] = "token_mean"
     """EnvACE aggregates by token mean. Two deliberate differences from TRL's same-named losses:
     `token_mean` divides by every completion token of the *step* (all micro-batches and ranks: one step's

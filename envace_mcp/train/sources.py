@@ -120,7 +120,9 @@ class RolloutGroups:
         self.learner, self.suite, self.out = learner, suite, out
         self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
         self.sampling = sampling or {}
-        self.tasks = suite.split(split)
+        from envace_mcp.eval.suites import tasks_of_kinds
+
+        self.tasks = tasks_of_kinds(suite.split(split), config.kinds, split)
         from envace_mcp.policy.tool_text import adapter_formats
 
         formats = adapter_formats(config.adapter)  # prompts as the adapter learned them

@@ -54,7 +54,9 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     short = SamplingParams(max_new_tokens=6)
     # skip_zero_advantage off: a tiny random model's group often scores alike, and the ratio check below
     # needs the step's tokens to go through the model
-    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=2, groups_per_step=1, micro_batch=4, skip_zero_advantage=False),
+    # kinds: rollouts draw only that kind's tasks (the "middling" tasks of a validation run)
+    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=2, groups_per_step=1, micro_batch=4, skip_zero_advantage=False,
+                                    kinds=["market_closed"]),
                          get_suite("bank"),
                          tmp_path / "run", k=3, tools=bank_catalog, gate=GateConfig(max_steps=1),
                          sampling={"act": short, "rehearse": short},
@@ -63,6 +65,9 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     assert [r["step"] for r in records] == [1, 2] and all(r["segments"] >= 3 for r in records)
     traces = list(TraceStore(tmp_path / "run" / "traces").read())
     assert len(traces) == 6 and len({t.group_id for t in traces}) == 2
+    kinds = {get_suite("bank").task(t.group_id.split(":")[1]).kind for t in traces}
+    pool = [t for t in get_suite("bank").split("train") if t.kind == "market_closed"]
+    assert kinds == {"market_closed"} and trainer.source.tasks == pool
     assert all(t.reward("task") is not None and t.mode == "simulated" for t in traces)
     assert max(trainer.policy.engine.batcher.batch_sizes) == 3  # the group's turns were generated together
     assert trainer.policy.engine.kv_budget_gb == 1.0  # "auto" on CPU: rollouts' decode batches stay within 1 GB
