@@ -122,6 +122,10 @@ BAD = [
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--steps", "0"], "'--steps'"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/grpo.json"], "colour: Extra inputs"),
     (["train", "grpo", "--out", "{f}/a-file", "--suite", "bank"], "'--out'"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--split", "fit", "--kind", "bingo"],
+     "kinds ['bingo']: not among the 'fit' split's task kinds"),
+    (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "--kind", "bingo"], "--kind picks the tasks"),
+    (["train", "plot", "{f}/folder"], "no metrics.jsonl in"),
 ]
 
 

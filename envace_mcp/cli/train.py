@@ -100,6 +100,7 @@ def train_grpo_command(
     rehearse_max_new_tokens: RehearseTokensOpt = None,
     config: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="GRPOConfig as JSON (every field optional)")] = None,
     steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (overrides the config)")] = None,
+    kind: Annotated[Optional[list[str]], typer.Option(help="online: roll out only tasks of this kind (repeatable; overrides the config's kinds)")] = None,
 ) -> None:
     """EnvACE role-wise GRPO, from recorded runs (--traces) or fresh rollouts (--suite); the same --out resumes."""
     if (traces is None) == (suite is None):
@@ -108,7 +109,7 @@ def train_grpo_command(
         _suite(suite)
     from pydantic import ValidationError
 
-    from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
+    from envace_mcp.train.config import GRPOConfig
 
     try:
         settings = GRPOConfig(**(json.loads(config.read_text()) if config else {}))
@@ -119,6 +120,19 @@ def train_grpo_command(
         _fail(ValueError(f"bad GRPO config {str(config)!r}: {exc}"))
     if steps is not None:
         settings.steps = steps
+    if kind:
+        if traces is not None:
+            _fail(ValueError("--kind picks the tasks to roll out: it needs --suite (online)"))
+        settings.kinds = kind
+    if suite is not None:
+        from envace_mcp.eval.suites import tasks_of_kinds
+
+        try:  # a misspelt kind fails before the model loads
+            tasks_of_kinds(_suite(suite).split(split), settings.kinds, split)
+        except EnvaceError as exc:
+            _fail(exc)
+    from envace_mcp.train.trainer import OfflineGRPO
+
     try:
         if traces is not None:
             trainer: Any = OfflineGRPO(settings, _store(traces).directory, out)
@@ -130,6 +144,27 @@ def train_grpo_command(
     if records:
         console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
+
+
+@train_app.command("plot")
+def train_plot_command(
+    runs: Annotated[list[Path], typer.Argument(exists=True, file_okay=False, help="training --out folders (each with a metrics.jsonl), e.g. one per arm")],
+    out: Annotated[Path, typer.Option(dir_okay=False, help="the PNG to write")] = Path("runs.png"),
+) -> None:
+    """Learning curves of several runs in one PNG (reward, success, uniform groups, loss, ... over steps), one line per run."""
+    missing = [str(run) for run in runs if not (run / "metrics.jsonl").exists()]
+    if missing:
+        _fail(ValueError(f"no metrics.jsonl in {', '.join(missing)}: give the --out folders of `envace train`"))
+    names = [run.name for run in runs]
+    labels = names if len(set(names)) == len(names) else [str(run) for run in runs]
+    if len(set(labels)) != len(labels):
+        _fail(ValueError("the same run twice: give each folder once"))
+    from envace_mcp.train.metrics import plot_metrics
+
+    if plot_metrics({label: run / "metrics.jsonl" for label, run in zip(labels, runs)}, out) is None:
+        _fail(ValueError("nothing to plot: the runs have no completed step yet, or matplotlib is missing "
+                         "(pip install 'envace-mcp[train]')"))
+    console.print(f"{len(runs)} runs plotted to {out}")
 
 
 def _interruptible(run: Any) -> Any:

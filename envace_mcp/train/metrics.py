@@ -22,21 +22,33 @@ class MetricsLog:
     def trim(self, step: int) -> None:
         if self.rank != 0 or not self.path.exists():
             return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("step", 0) <= step:
-                kept.append(line)
+        kept = [record for record in read_metrics(self.path) if record["step"] <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
         tmp.replace(self.path)
 
 
-def plot_metrics(metrics: Path, png: Path) -> Path | None:
-    """Reward, loss, KL, clip fraction and success over steps (needs matplotlib; skipped without it)."""
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The step records of a `metrics.jsonl`, skipping a line torn by a kill or still being written."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            rows.append(record)
+    return rows
+
+
+PLOTTED = [("reward", "mean task reward"), ("success", "success rate"), ("uniform_groups", "uniform groups (no signal)"),
+           ("loss", "loss"), ("kl", "KL (k3)"), ("fidelity", "rehearsal fidelity (real calls)"),
+           ("clip_high", "clipped fraction (high)"), ("grad_norm", "grad norm"), ("ce", "real-output CE")]
+
+
+def plot_metrics(metrics: Path | dict[str, Path], png: Path) -> Path | None:
+    """Reward, success, uniform groups, loss, KL, clip fraction, ... over steps (needs matplotlib; skipped
+    without it). `metrics`: one run's `metrics.jsonl`, or {label: path} to draw runs (arms) side by side."""
     try:
         import matplotlib
 
@@ -44,19 +56,21 @@ def plot_metrics(metrics: Path, png: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    if not rows:
+    runs = {label: read_metrics(path) for label, path in (metrics if isinstance(metrics, dict) else {"": metrics}).items()}
+    if not any(runs.values()):
         return None
-    keys = [("reward", "mean task reward"), ("success", "success rate"), ("loss", "loss"), ("kl", "KL (k3)"),
-            ("fidelity", "rehearsal fidelity (real calls)"), ("clip_high", "clipped fraction (high)"),
-            ("grad_norm", "grad norm"), ("ce", "real-output CE")]
-    fig, axes = plt.subplots(2, 4, figsize=(15, 6))
-    for ax, (key, title) in zip(axes.flat, keys):
-        points = [(r["step"], r[key]) for r in rows if key in r]
-        if points:
-            ax.plot(*zip(*points), marker=".")
-        else:
+    fig, axes = plt.subplots(3, 3, figsize=(13, 9))
+    for ax, (key, title) in zip(axes.flat, PLOTTED):
+        drawn = False
+        for label, rows in runs.items():
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points), marker=".", label=label or None)
+                drawn = True
+        if not drawn:
             ax.text(0.5, 0.5, "not measured\n(simulated mode / off)", ha="center", va="center", transform=ax.transAxes)
+        elif len(runs) > 1:
+            ax.legend(fontsize=8)
         ax.set_title(title)
         ax.set_xlabel("step")
     fig.tight_layout()

@@ -55,6 +55,11 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     grpo = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "grpo"), "--config", str(config))
     assert grpo.returncode == 0, grpo.stderr
     assert (tmp_path / "grpo" / "metrics.png").exists() and "step 2" in grpo.stdout
+    with open(tmp_path / "grpo" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 3, "lo')  # a line torn by a kill, or still being written: skipped
+    arms = cli("train", "plot", str(tmp_path / "grpo"), str(tmp_path / "sft"), "--out", str(tmp_path / "arms.png"))
+    assert arms.returncode == 0, arms.stderr
+    assert "2 runs plotted" in arms.stdout and (tmp_path / "arms.png").read_bytes()[:4] == b"\x89PNG"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"epsilon_typo": 1}))
     refused = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "g2"), "--config", str(bad))
