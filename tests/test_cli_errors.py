@@ -69,6 +69,8 @@ BAD = [
     (["run", "x", "--temperature", "-1"], "'--temperature'"),
     (["run", "x", "--rehearse-max-new-tokens", "0"], "'--rehearse-max-new-tokens'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse_max_new_tokens=0"], "at least 1"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "mode=dream"], "mode is one of real, simulated, mixed"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse=two"], "rehearse takes an integer"),
     (["run", "x", "--model", "./no/such/model"], "'--model'"),
     (["run", "x", "--model", "{f}/a-file"], "'--model'"),
     (["run", "x", "--traces", "{f}/a-file"], "'--traces'"),

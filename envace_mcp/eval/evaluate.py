@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import anyio
 
@@ -34,18 +35,18 @@ class EvalSettings:
     tasks: list[str] | None = None
     model: str | None = None
     adapter: str | None = None
-    policy: str = "model"
+    policy: Literal["model", "reference", "noop"] = "model"
     """`model` (a transformers model: `model` + `adapter`), `reference` (the tasks' reference
     solutions and a perfect world model: the adapter's ceiling, and how its scoring is tested) or
     `noop` (answers at once without calling anything: the floor a suite gives for doing nothing)."""
-    mode: str = "real"
+    mode: Literal["real", "simulated", "mixed"] = "real"
     rehearse: int = 0
     """Test-time rehearsal: imagined runs before the real one (EnvACE's N)."""
-    strategy: str = "parallel"
+    strategy: Literal["parallel", "sequential"] = "parallel"
     repeats: int = 1
     concurrency: int = 8
     """Runs in flight together; their generations share batches in the policy."""
-    transport: str | None = None
+    transport: Literal["inprocess", "stdio", "http"] | None = None
     """`inprocess` (bundled suites' default), `stdio`, `http`; the τ² suites are stdio only."""
     gate: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int = 160
@@ -56,27 +57,19 @@ class EvalSettings:
     seed: int = 0
 
     def overridden(self, spec: str) -> EvalSettings:
-        """A copy with `key=value,key=value` applied (`--compare rehearse=2`, `--compare adapter=DIR`)."""
+        """A copy with `key=value,key=value` applied (`--compare rehearse=2`, `--compare adapter=DIR`), each
+        value parsed and checked as its field's type says; `none` clears a field that may be None."""
         from envace_mcp.errors import UserError
 
         values = asdict(self)
+        varied = [key for key in values if key not in _SHARED]
+        hints = get_type_hints(EvalSettings)
         for item in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, raw = item.partition("=")
             key = key.strip().replace("-", "_")
-            if not sep or key not in values or key in ("suite", "split", "limit", "tasks", "gate"):
-                raise UserError(f"--compare takes key=value pairs of: model, adapter, policy, mode, rehearse, "
-                                f"strategy, repeats, max_new_tokens, rehearse_max_new_tokens, temperature, seed; "
-                                f"got {item!r}")
-            default = values[key]
-            if key == "rehearse_max_new_tokens":
-                values[key] = None if raw.strip().lower() in ("none", "") else int(raw)
-            else:
-                values[key] = (int(raw) if isinstance(default, int) and not isinstance(default, bool)
-                               else float(raw) if isinstance(default, float)
-                               else None if raw.lower() in ("none", "") and key in ("model", "adapter", "transport")
-                               else raw)
-            if key.endswith("max_new_tokens") and values[key] is not None and values[key] < 1:
-                raise UserError(f"--compare: {key} must be at least 1, not {values[key]}")
+            if not sep or key not in varied:
+                raise UserError(f"--compare takes key=value pairs of: {', '.join(varied)}; got {item!r}")
+            values[key] = _setting(key, hints[key], raw.strip())
         return EvalSettings(**values)
 
     def label(self) -> str:
@@ -93,6 +86,35 @@ class EvalSettings:
         if changed:
             parts.append("gate:" + ",".join(f"{k}={v}" for k, v in changed.items()))
         return " ".join(parts)
+
+
+_SHARED = ("suite", "split", "limit", "tasks", "gate")
+"""What both configurations of `--compare` share: the same tasks, under the same gate."""
+_AT_LEAST = {"rehearse": 0, "repeats": 1, "concurrency": 1, "max_new_tokens": 1, "rehearse_max_new_tokens": 1,
+             "temperature": 0.0}
+
+
+def _setting(key: str, hint: Any, raw: str) -> Any:
+    """`raw` as the `EvalSettings` field `key` of type `hint` takes it: None (for `X | None`), a choice of a
+    Literal, an int or float within the CLI's bounds, or a str."""
+    from envace_mcp.errors import UserError
+
+    if get_origin(hint) in (Union, UnionType):
+        if raw.lower() in ("none", ""):
+            return None
+        hint = next(arg for arg in get_args(hint) if arg is not type(None))
+    if get_origin(hint) is Literal:
+        if raw not in get_args(hint):
+            raise UserError(f"--compare: {key} is one of {', '.join(get_args(hint))}, not {raw!r}")
+        return raw
+    try:
+        value = hint(raw)
+    except ValueError:
+        what = {"int": "an integer", "float": "a number"}.get(hint.__name__, hint.__name__)
+        raise UserError(f"--compare: {key} takes {what}, not {raw!r}") from None
+    if key in _AT_LEAST and value < _AT_LEAST[key]:
+        raise UserError(f"--compare: {key} must be at least {_AT_LEAST[key]:g}, not {value}")
+    return value
 
 
 def select_tasks(suite: Any, settings: EvalSettings) -> list[Any]:
