@@ -96,17 +96,23 @@ def decide(
     simulated = mode == "simulated" or (mode == "mixed" and not spec.annotations.read_only)
     if simulated:
         return Decision("simulate", f"{mode} mode: the rehearsal answers this call")
-    failing = (prediction is not None and prediction.status == "tool_error"
-               and (prediction.confidence is None or prediction.confidence >= config.min_failure_confidence))
+    predicted = prediction is not None and prediction.status == "tool_error"
+    confidence = prediction.confidence if prediction is not None else None
+    failing = predicted and (confidence is None or confidence >= config.min_failure_confidence)
+    sure = f" (confidence {confidence:.2f})" if confidence is not None else ""
     if failing and spec.annotations.destructive and config.block_destructive_on_predicted_failure:
-        why = f"rehearsal predicts {prediction.code}: {prediction.message or prediction.details or 'failure'}"
+        why = f"rehearsal predicts {prediction.code}{sure}: {prediction.message or prediction.details or 'failure'}"
         if config.approve_blocked:
             return Decision("ask", f"destructive call blocked ({why}); a human may approve it")
         return Decision("block", f"destructive call blocked: {why}")
     if failing and config.feedback_on_predicted_error:
-        return Decision("feedback", f"rehearsal predicts {prediction.code}: {prediction.message or prediction.details or 'an error'}")
+        return Decision("feedback", f"rehearsal predicts {prediction.code}{sure}: "
+                                    f"{prediction.message or prediction.details or 'an error'}")
     if config.max_real_calls is not None and real_calls >= config.max_real_calls:
         return Decision("budget", f"real-call budget of {config.max_real_calls} spent")
     if config.require_approval == "always" or (config.require_approval == "destructive" and spec.annotations.destructive):
         return Decision("ask", f"approval required for {'destructive ' if spec.annotations.destructive else ''}tool '{spec.name}'")
+    if predicted and not failing:  # an objection too unsure to count: say so, a reviewer reads this
+        return Decision("execute", f"rehearsal predicts {prediction.code} at confidence {confidence:.2f}, under "
+                                   f"min_failure_confidence {config.min_failure_confidence:g}")
     return Decision("execute", "rehearsal raised no objection" if prediction is not None else "not rehearsed")

@@ -120,7 +120,7 @@ class TraceRecorder:
             return
         self._gated.add((call_id, decision))
         self._add(role="gate", node=node, call_id=call_id, tool=known.get("tool"), arguments=known.get("arguments"),
-                  decision=decision, reason=known.get("reason"))
+                  decision=decision, reason=known.get("reason"), confidence=(known.get("prediction") or {}).get("confidence"))
 
     def _tool_step(self, node: str, message: ToolMessage) -> None:
         known = self._calls.get(message.tool_call_id, {})

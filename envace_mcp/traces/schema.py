@@ -3,7 +3,7 @@
 One `Trace` per graph run; its `steps` in order. A step is one of:
 - `act` / `rehearse` / `critique`: a model generation — rendered prompt (text and token ids), completion
   token ids, per-token sampling logprobs, decoded text, the parsed output, sampling settings;
-- `gate`: the gate's decision and reason for one proposed call;
+- `gate`: the gate's decision and reason for one proposed call, and how sure the rehearsal was of its outcome;
 - `tool`: what answered a call — a real MCP result (content, structured content, is_error, error kind,
   latency) or, when simulated, the rehearsal — plus the prediction-vs-real comparison when both exist.
 
@@ -72,6 +72,9 @@ class Step(BaseModel):
     simulated: bool = False
     decision: str | None = None
     reason: str | None = None
+    confidence: float | None = None
+    """Gate steps: how sure the rehearsal was of the outcome it predicted (the probability of its first
+    token), what `GateConfig.min_failure_confidence` compares; None: not rehearsed, or no logprobs."""
     comparison: Comparison | None = None
 
 

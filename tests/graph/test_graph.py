@@ -92,21 +92,31 @@ async def test_an_unsure_predicted_failure_lets_a_requested_write_reach_the_serv
     the real server), once sure enough (it does not)."""
     from envace_mcp.policy import Prediction
 
+    from envace_mcp.traces import record_run
+
     suite, task = bank
     trap = task.trap.arguments
-    moved = []
+    moved, gates = [], []
     for confidence in (0.55, 0.95):
         unsure = Prediction(tool="transfer", arguments=trap, status="tool_error", code="EXECUTION_ERROR",
                             message="Insufficient funds", confidence=confidence)
         policy = ScriptedPolicy(act=[call("transfer", **trap), "Done."], rehearse=[unsure])
         episode = Episode(task, "bank")
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
-            out = await run(policy, toolbox.scoped(episode.meta), task, gate=GateConfig(min_failure_confidence=0.9))
+            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
+                                    gate=GateConfig(min_failure_confidence=0.9))
+            out, trace = await record_run(create_envace_graph().compile(),
+                                          {"messages": [HumanMessage(content=task.instruction)]}, context=context)
             final = await episode.final_state(toolbox)
         policy.assert_complete()
         assert out["rehearsals"][0]["prediction"]["confidence"] == confidence
         moved.append((out["rehearsals"][0]["decision"], final != task.initial_state))
+        gates += [(s.decision, s.confidence, s.reason) for s in trace.steps if s.role == "gate"]
     assert moved == [("execute", True), ("block", False)]
+    # the trace says how sure the rehearsal was, and the reason says why an objection did or did not count
+    assert gates == [("execute", 0.55, "rehearsal predicts EXECUTION_ERROR at confidence 0.55, under min_failure_confidence 0.9"),
+                     ("block", 0.95, "destructive call blocked: rehearsal predicts EXECUTION_ERROR (confidence 0.95): "
+                                     "Insufficient funds")]
 
 
 async def test_a_retried_call_is_rehearsed_without_the_gates_refusal_so_the_world_model_cannot_copy_it(bank):
