@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -170,18 +172,43 @@ def train_plot_command(
 def _interruptible(run: Any) -> Any:
     """`run(progress=True)` with SIGTERM (a job scheduler's stop, `timeout`, `kill`) raised as an exit, so
     the trainer keeps the last completed step; Ctrl-C does the same."""
+    with _stop_on_sigterm():
+        try:
+            return run(progress=True)
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+
+
+class _Stop(SystemExit):
+    """The exit a SIGTERM raises."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises `_Stop` in the main thread. A signal can land while a `__del__` or a weakref callback
+    runs (the garbage collector's), where Python prints "Exception ignored" and drops the exception: the
+    run went on after one SIGTERM (`timeout` sends one). A dropped stop is delivered again."""
+    import os
     import signal
+    import sys
+    import threading
 
     def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+        raise _Stop(128 + signum)
 
+    def unraisable(info: Any) -> None:
+        if isinstance(info.exc_value, _Stop):  # sent again from a thread: raised here, it would be dropped again
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        else:
+            hook(info)
+
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return run(progress=True)
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = hook
 
 
 def _online_trainer(settings: Any, suite_name: str, out: Path, k: int, mode: str, max_new_tokens: int,

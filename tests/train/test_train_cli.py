@@ -77,3 +77,31 @@ def test_online_grpo_rollouts_give_the_rehearse_role_its_own_budget_and_draw_the
         "act": (16, 1.0, None), "rehearse": (300, 1.0, None)}  # no fixed seed: a group's K runs must differ
     same = _online_trainer(GRPOConfig(model=str(model)), "bank", tmp_path / "b", 2, "simulated", 16, "fit")
     assert same.source.sampling["rehearse"].max_new_tokens == 16
+
+
+def test_a_sigterm_that_lands_in_a_finalizer_still_stops_the_run():
+    """Python drops an exception raised in a `__del__` or weakref callback ("Exception ignored in"); a
+    SIGTERM handled there used to vanish, and the training went on. The stop is delivered again."""
+    import signal
+    import time
+
+    from envace_mcp.cli.train import _stop_on_sigterm
+
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)  # the handler runs here, inside the finalizer
+            for _ in range(100):
+                pass
+
+    reached = []
+    try:
+        with _stop_on_sigterm():
+            Finalized()  # dropped at once: __del__ runs and swallows the first exit
+            for _ in range(100):
+                reached.append(1)
+                time.sleep(0.01)
+    except SystemExit as exc:
+        assert exc.code == 128 + signal.SIGTERM
+    else:
+        raise AssertionError("the SIGTERM was lost in the finalizer")
+    assert len(reached) < 100 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
