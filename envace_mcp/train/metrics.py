@@ -62,10 +62,10 @@ def plot_metrics(metrics: Path | dict[str, Path], png: Path) -> Path | None:
     fig, axes = plt.subplots(3, 3, figsize=(13, 9))
     for ax, (key, title) in zip(axes.flat, PLOTTED):
         drawn = False
-        for label, rows in runs.items():
+        for colour, (label, rows) in enumerate(runs.items()):  # a run keeps its colour in every panel
             points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
             if points:
-                ax.plot(*zip(*points), marker=".", label=label or None)
+                ax.plot(*zip(*points), marker=".", label=label or None, color=f"C{colour}")
                 drawn = True
         if not drawn:
             ax.text(0.5, 0.5, "not measured\n(simulated mode / off)", ha="center", va="center", transform=ax.transAxes)
