@@ -31,6 +31,7 @@ def files(tmp_path_factory):
     (root / "broken.json").write_text("{not json")
     (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
+    (root / "fidelity.json").write_text(json.dumps({"fidelity_weight": 0.5}))  # simulated mode: nothing to earn it
     from envace_mcp.traces import Trace, TraceStore
 
     mixed = TraceStore(root / "mixed")  # runs whose act prompts wrote tools in two formats
@@ -128,6 +129,8 @@ BAD = [
      "kinds ['bingo']: not among the 'fit' split's task kinds"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "--kind", "bingo"], "--kind picks the tasks"),
     (["train", "plot", "{f}/folder"], "no metrics.jsonl in"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/fidelity.json"],
+     "fidelity_weight rewards rehearsals whose call really ran, and simulated mode"),
 ]
 
 

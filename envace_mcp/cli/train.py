@@ -128,9 +128,11 @@ def train_grpo_command(
         settings.kinds = kind
     if suite is not None:
         from envace_mcp.eval.suites import tasks_of_kinds
+        from envace_mcp.train.config import check_rollout_mode
 
-        try:  # a misspelt kind fails before the model loads
+        try:  # a misspelt kind, or a reward no rollout could earn, fails before the model loads
             tasks_of_kinds(_suite(suite).split(split), settings.kinds, split)
+            check_rollout_mode(settings, mode)
         except EnvaceError as exc:
             _fail(exc)
     from envace_mcp.train.trainer import OfflineGRPO

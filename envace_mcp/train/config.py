@@ -77,7 +77,8 @@ class GRPOConfig(BaseModel):
     seed: int = 0
     checkpoint_every: int = 5
     fidelity_weight: float = 0.0
-    """Beyond EnvACE (off): a rehearsal whose call really ran (mixed / real mode) is rewarded
+    """Beyond EnvACE (off): a rehearsal whose call really ran (real mode; in mixed mode only reads run, and
+    they are rehearsed only under `GateConfig(rehearse="all")`: `check_rollout_mode`) is rewarded
     task reward + w x its match score against the real result, so the world model is pushed
     towards what happened; rehearsals without a real result keep the task reward."""
     real_output_ce: float = 0.0
@@ -121,3 +122,18 @@ def rollout_kv_gb(setting: float | str | None, model: Any) -> float | None:
     if setting == "auto":
         return 1.0 if next(model.parameters()).device.type == "cpu" else None
     return setting  # type: ignore[return-value]
+
+
+def check_rollout_mode(config: GRPOConfig, mode: str, rehearse: str = "writes") -> None:
+    """Online GRPO: refuse a fidelity reward that no rollout could earn. It scores rehearsals whose call
+    really ran: simulated mode runs none, and mixed mode simulates writes while reads are rehearsed only
+    with a gate that rehearses all calls. `rehearse` is that gate's `GateConfig.rehearse`."""
+    from envace_mcp.errors import UserError
+
+    if config.fidelity_weight and (mode == "simulated" or (mode == "mixed" and rehearse != "all")):
+        raise UserError(f"fidelity_weight rewards rehearsals whose call really ran, and {mode} mode with "
+                        f"rehearse={rehearse!r} has none: use --mode real (or mixed with a gate that rehearses "
+                        "all calls), or set fidelity_weight to 0")
+    if config.real_output_ce and mode == "simulated":
+        raise UserError("real_output_ce teaches real tool outputs, and simulated mode has none: use --mode "
+                        "real or mixed, or set real_output_ce to 0")

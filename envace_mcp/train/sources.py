@@ -15,7 +15,7 @@ from typing import Any
 from envace_mcp.errors import UserError
 from envace_mcp.traces import Trace, TraceStore
 from envace_mcp.train.advantages import group_key, groups_of
-from envace_mcp.train.config import GRPOConfig, rollout_kv_gb
+from envace_mcp.train.config import GRPOConfig, check_rollout_mode, rollout_kv_gb
 from envace_mcp.train.learner import GRPOLearner
 from envace_mcp.train.rows import Segment, segments
 
@@ -117,6 +117,7 @@ class RolloutGroups:
         if config.dynamic_sampling and learner.world_size > 1:
             raise UserError("dynamic_sampling draws replacement tasks on one process; under torchrun the ranks "
                             "would draw different ones (not done): set it to 0 or train in one process")
+        check_rollout_mode(config, mode, gate.rehearse if gate is not None else "writes")
         self.learner, self.suite, self.out = learner, suite, out
         self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
         self.sampling = sampling or {}

@@ -166,3 +166,20 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(t
                       if task.instruction in varied]
     assert all(r[0] < r[1] for r in varied_rewards)  # their runs really scored differently
     assert record["segments"] >= trained  # every kept run's act turns at least
+
+
+def test_a_fidelity_reward_no_rollout_could_earn_is_refused():
+    """It scores rehearsals whose call really ran: none do in simulated mode, nor in mixed mode unless the
+    gate rehearses reads (writes are simulated there)."""
+    from envace_mcp.errors import UserError
+    from envace_mcp.train.config import GRPOConfig, check_rollout_mode
+
+    fidelity = GRPOConfig(fidelity_weight=0.5)
+    for mode, rehearse in [("simulated", "all"), ("mixed", "writes")]:
+        with pytest.raises(UserError, match="fidelity_weight rewards rehearsals whose call really ran"):
+            check_rollout_mode(fidelity, mode, rehearse)
+    check_rollout_mode(fidelity, "mixed", "all")
+    check_rollout_mode(fidelity, "real")
+    check_rollout_mode(GRPOConfig(), "simulated")  # off: nothing to refuse
+    with pytest.raises(UserError, match="real_output_ce teaches real tool outputs"):
+        check_rollout_mode(GRPOConfig(real_output_ce=0.1), "simulated")
