@@ -107,8 +107,7 @@ def train_grpo_command(
     """EnvACE role-wise GRPO, from recorded runs (--traces) or fresh rollouts (--suite); the same --out resumes."""
     if (traces is None) == (suite is None):
         _fail(ValueError("give exactly one of --traces (offline) or --suite (online rollouts)"))
-    if suite is not None:
-        _suite(suite)
+    target = _suite(suite) if suite is not None else None  # an unknown suite fails first
     from pydantic import ValidationError
 
     from envace_mcp.train.config import GRPOConfig
@@ -126,12 +125,12 @@ def train_grpo_command(
         if traces is not None:
             _fail(ValueError("--kind picks the tasks to roll out: it needs --suite (online)"))
         settings.kinds = kind
-    if suite is not None:
+    if target is not None:
         from envace_mcp.eval.suites import tasks_of_kinds
         from envace_mcp.train.config import check_rollout_mode
 
         try:  # a misspelt kind, or a reward no rollout could earn, fails before the model loads
-            tasks_of_kinds(_suite(suite).split(split), settings.kinds, split)
+            tasks_of_kinds(target.split(split), settings.kinds, split)
             check_rollout_mode(settings, mode)
         except EnvaceError as exc:
             _fail(exc)

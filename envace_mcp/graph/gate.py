@@ -64,17 +64,27 @@ class Decision:
     reason: str
 
 
+def simulates(mode: Mode, read_only: bool) -> bool:
+    """Whether the rehearsal answers a call instead of the real tool (simulated mode; writes in mixed mode)."""
+    return mode == "simulated" or (mode == "mixed" and not read_only)
+
+
+def rehearses(mode: Mode, config: GateConfig, read_only: bool) -> bool:
+    """Whether a call to a tool (read-only or not) is rehearsed before the gate decides."""
+    if simulates(mode, read_only):
+        return True  # the prediction *is* the answer
+    return config.rehearse == "all" or (config.rehearse == "writes" and not read_only)
+
+
+def rehearses_real_calls(mode: Mode, config: GateConfig) -> bool:
+    """Whether any call is both rehearsed and really run, so a rehearsal can meet a real result (what a
+    fidelity reward scores): never in simulated mode, nor in mixed mode unless reads are rehearsed."""
+    return any(rehearses(mode, config, read_only) and not simulates(mode, read_only) for read_only in (True, False))
+
+
 def should_rehearse(spec: ToolSpec | None, mode: Mode, config: GateConfig) -> bool:
     """Whether a call to `spec` is rehearsed before the gate decides."""
-    if spec is None:
-        return False
-    if mode == "simulated" or (mode == "mixed" and not spec.annotations.read_only):
-        return True  # the prediction *is* the answer
-    if config.rehearse == "all":
-        return True
-    if config.rehearse == "writes":
-        return not spec.annotations.read_only
-    return False
+    return spec is not None and rehearses(mode, config, spec.annotations.read_only)
 
 
 def decide(
@@ -93,8 +103,7 @@ def decide(
     if problems:
         where = f"field '{problems[0]['field']}'" if problems[0]["field"] else "arguments"
         return Decision("reject", f"invalid arguments for '{spec.name}': {where}: {problems[0]['message']}")
-    simulated = mode == "simulated" or (mode == "mixed" and not spec.annotations.read_only)
-    if simulated:
+    if simulates(mode, spec.annotations.read_only):
         return Decision("simulate", f"{mode} mode: the rehearsal answers this call")
     predicted = prediction is not None and prediction.status == "tool_error"
     confidence = prediction.confidence if prediction is not None else None

@@ -124,16 +124,18 @@ def rollout_kv_gb(setting: float | str | None, model: Any) -> float | None:
     return setting  # type: ignore[return-value]
 
 
-def check_rollout_mode(config: GRPOConfig, mode: str, rehearse: str = "writes") -> None:
-    """Online GRPO: refuse a fidelity reward that no rollout could earn. It scores rehearsals whose call
-    really ran: simulated mode runs none, and mixed mode simulates writes while reads are rehearsed only
-    with a gate that rehearses all calls. `rehearse` is that gate's `GateConfig.rehearse`."""
+def check_rollout_mode(config: GRPOConfig, mode: str, gate: Any = None) -> None:
+    """Online GRPO: refuse a reward no rollout could earn. The fidelity reward scores rehearsals whose call
+    really ran, which the gate (`graph.gate.rehearses_real_calls`; None: the default `GateConfig`) never
+    allows in simulated mode, nor in mixed mode unless it rehearses reads; real-output CE needs real calls."""
     from envace_mcp.errors import UserError
+    from envace_mcp.graph.gate import GateConfig, rehearses_real_calls
 
-    if config.fidelity_weight and (mode == "simulated" or (mode == "mixed" and rehearse != "all")):
+    gate = gate or GateConfig()
+    if config.fidelity_weight and not rehearses_real_calls(mode, gate):  # type: ignore[arg-type]
         raise UserError(f"fidelity_weight rewards rehearsals whose call really ran, and {mode} mode with "
-                        f"rehearse={rehearse!r} has none: use --mode real (or mixed with a gate that rehearses "
-                        "all calls), or set fidelity_weight to 0")
+                        f"rehearse={gate.rehearse!r} has none: use --mode real (or mixed with a gate that "
+                        "rehearses all calls), or set fidelity_weight to 0")
     if config.real_output_ce and mode == "simulated":
         raise UserError("real_output_ce teaches real tool outputs, and simulated mode has none: use --mode "
                         "real or mixed, or set real_output_ce to 0")

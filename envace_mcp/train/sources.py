@@ -117,7 +117,7 @@ class RolloutGroups:
         if config.dynamic_sampling and learner.world_size > 1:
             raise UserError("dynamic_sampling draws replacement tasks on one process; under torchrun the ranks "
                             "would draw different ones (not done): set it to 0 or train in one process")
-        check_rollout_mode(config, mode, gate.rehearse if gate is not None else "writes")
+        check_rollout_mode(config, mode, gate)
         self.learner, self.suite, self.out = learner, suite, out
         self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
         self.sampling = sampling or {}

@@ -177,8 +177,8 @@ def test_a_fidelity_reward_no_rollout_could_earn_is_refused():
     fidelity = GRPOConfig(fidelity_weight=0.5)
     for mode, rehearse in [("simulated", "all"), ("mixed", "writes")]:
         with pytest.raises(UserError, match="fidelity_weight rewards rehearsals whose call really ran"):
-            check_rollout_mode(fidelity, mode, rehearse)
-    check_rollout_mode(fidelity, "mixed", "all")
+            check_rollout_mode(fidelity, mode, GateConfig(rehearse=rehearse))
+    check_rollout_mode(fidelity, "mixed", GateConfig(rehearse="all"))
     check_rollout_mode(fidelity, "real")
     check_rollout_mode(GRPOConfig(), "simulated")  # off: nothing to refuse
     with pytest.raises(UserError, match="real_output_ce teaches real tool outputs"):
