@@ -43,7 +43,7 @@ def main() -> None:
         for trace in TraceStore(run / "traces").read():
             reward = trace.reward("task")
             if reward is not None and trace.group_id:
-                groups[trace.group_id].append(next(r for r in trace.rewards if r.name == "task"))
+                groups[trace.group_id].append(reward)
                 suite = suite or get_suite(trace.suite)
         if not groups:
             print(f"{run}: no scored groups")
