@@ -29,8 +29,9 @@ class Batcher(Generic[J, R]):
     def __init__(self, stream: Callable[[Feed[J, R], int], int], *, max_batch: int = 16, window_s: float = 0.01,
                  max_wait_s: float = 0.25) -> None:
         self.stream = stream
-        """`stream(feed, max_rows)` takes jobs from `feed` while it runs, delivers each result through it
-        and reports how many rows it decodes together (`feed.rows`)."""
+        """`stream(feed, max_rows)` takes jobs from `feed` while it runs, delivers each result through it,
+        drops the rows whose caller gave up (`feed.wanted`) and reports how many rows it decodes together
+        (`feed.rows`)."""
         self.max_batch = max(1, max_batch)
         self.window_s = window_s
         """How long the batch stays open after the last request arrived."""
@@ -83,7 +84,7 @@ class _Queue(Generic[J, R]):
 
 
 class Feed(Generic[J, R]):
-    """A running stream's side of the queue; `take` and `deliver` are called from the worker thread."""
+    """A running stream's side of the queue; `take`, `wanted` and `deliver` are called from the worker thread."""
 
     def __init__(self, queue: _Queue[J, R], loop: asyncio.AbstractEventLoop) -> None:
         self.queue, self.loop = queue, loop
@@ -112,6 +113,13 @@ class Feed(Generic[J, R]):
                 self.outstanding[id(future)] = future
                 taken.append((job, id(future)))
         return taken
+
+    def wanted(self, ticket: int) -> bool:
+        """Whether the job's caller still waits for it: one that gave up (cancelled, timed out, its run
+        stopped) is not decoded further. Without this, a stop (SIGTERM) waited for every row the worker
+        thread held to finish, since a thread cannot be cancelled."""
+        future = self.outstanding.get(ticket)
+        return future is not None and not future.done()
 
     def deliver(self, ticket: int, result: R) -> None:
         self._settle(ticket, lambda f: f.set_result(result))
@@ -153,6 +161,9 @@ class ListFeed(Generic[J, R]):
         taken = [(self.jobs[i], i) for i in range(self.next, min(len(self.jobs), self.next + n))]
         self.next += len(taken)
         return taken
+
+    def wanted(self, ticket: int) -> bool:
+        return True
 
     def deliver(self, ticket: int, result: R) -> None:
         self.out[ticket] = (True, result)

@@ -83,11 +83,12 @@ class Engine:
         contexts) made 16 rows of fp32 keys/values (46 KB a token for the embedded model) the largest
         cost of a GRPO step."""
         self.stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                                        "decode_steps": 0, "decode_rows": 0, "kv_waits": 0, "grouped_rows": 0}
+                                        "decode_steps": 0, "decode_rows": 0, "kv_waits": 0, "grouped_rows": 0,
+                                        "abandoned": 0}
         """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent,
         decode steps (forward passes) and the rows they fed (rows / steps: the mean batch), requests that
         waited for room under `kv_budget_gb`, rows that joined a decode batch's prefix group (their
-        shared prompt prefix held once, see `DecodeBatch`)."""
+        shared prompt prefix held once, see `DecodeBatch`), rows dropped because their caller gave up."""
         self.kv_peak_slots = 0
         """The most key/value slots a decode batch held (`DecodeBatch.slots`), for benchmarks and tests."""
         self.batcher: Batcher[Job, Completion] = Batcher(self.stream, max_batch=max_batch_size, window_s=batch_window_s)
@@ -118,7 +119,8 @@ class Engine:
     def stream(self, feed: Any, max_rows: int) -> int:
         """Continuous batching (the batcher calls this in a worker thread): take jobs from `feed`,
         decode up to `max_rows` together, admit newly arrived jobs at every token step, deliver each
-        result when its row finishes; return when no job is left. Returns the most rows decoded together."""
+        result when its row finishes, drop a row whose caller gave up; return when no job is left.
+        Returns the most rows decoded together."""
         with self._lock, torch.inference_mode():
             self.prefix_cache.for_weights(weights_key(self.model))  # before the merge swaps weights in
             with merged_lora(self.model, self.merge_lora):
@@ -144,6 +146,9 @@ class Engine:
             admitted = 0
             while waiting and len(rows) < max_rows and (batch.joinable or not rows):
                 job, ticket = waiting[0]
+                if not feed.wanted(ticket):  # its caller gave up while it waited for room
+                    waiting.popleft()
+                    continue
                 remaining = [row.remaining() for row in rows]
                 if rows and not batch.fits(job.prompt_ids, job.sampling.max_new_tokens, remaining):
                     if ticket != blocked:
@@ -179,15 +184,20 @@ class Engine:
                 feed.rows(peak)
             for slot in reversed(range(len(rows))):  # sample every row; finished rows leave the batch
                 row = rows[slot]
-                token, logprob = sample(row.logits, row.job.sampling, row.generator)
-                row.tokens.append(token)
-                row.logprobs.append(logprob)
-                if token in self.eos_ids or self._hit_stop(row.tokens, row.job.sampling.stop):
-                    row.finish = "stop"
-                elif len(row.tokens) >= row.job.sampling.max_new_tokens:
-                    row.finish = "length"
+                if not feed.wanted(row.ticket):  # its caller gave up (cancelled, timed out, a stop): no more tokens
+                    self.stats["abandoned"] += 1
+                    row.finish = "abandoned"
+                else:
+                    token, logprob = sample(row.logits, row.job.sampling, row.generator)
+                    row.tokens.append(token)
+                    row.logprobs.append(logprob)
+                    if token in self.eos_ids or self._hit_stop(row.tokens, row.job.sampling.stop):
+                        row.finish = "stop"
+                    elif len(row.tokens) >= row.job.sampling.max_new_tokens:
+                        row.finish = "length"
                 if row.finish is not None:
-                    feed.deliver(row.ticket, self._result(row))
+                    if row.finish != "abandoned":
+                        feed.deliver(row.ticket, self._result(row))
                     batch.remove(slot)
                     rows[slot] = rows[-1]
                     rows.pop()

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.anyio
 
 
 def counting_stream(feed, max_rows):
-    """Each job is a number of steps; one step per 5 ms for every live row; a negative job fails."""
+    """Each job is a number of steps; one step per 5 ms for every live row; a negative job fails; a row
+    whose caller gave up is dropped. Steps run are counted in `counting_stream.steps`."""
     live = []
     while True:
         for steps, ticket in feed.take(max_rows - len(live)):
@@ -24,11 +25,16 @@ def counting_stream(feed, max_rows):
             return
         feed.rows(len(live))
         time.sleep(0.005)
+        live = [row for row in live if feed.wanted(row[1])]
         for row in list(live):
             row[2] += 1
+            counting_stream.steps += 1
             if row[2] >= row[0]:
                 feed.deliver(row[1], f"done after {row[2]} steps")
                 live.remove(row)
+
+
+counting_stream.steps = 0
 
 
 async def test_a_request_arriving_mid_stream_joins_it_and_returns_before_the_long_one():
@@ -81,3 +87,14 @@ async def test_a_stream_that_crashes_fails_its_callers_and_the_queue_goes_on():
     with pytest.raises(RuntimeError, match="device lost"):
         await batcher.submit(1)
     assert await batcher.submit(21) == 42
+
+
+async def test_a_caller_that_gives_up_stops_its_row_so_a_stop_does_not_wait_for_the_worker_thread():
+    batcher = Batcher(counting_stream, max_batch=4, window_s=0.0)
+    counting_stream.steps = 0
+    with anyio.move_on_after(0.1):
+        await batcher.submit(2000)  # 10 s of steps
+    queue = next(iter(batcher._queues.values()))
+    await queue.worker  # the stream's thread: it returns once it sees the caller gone
+    assert counting_stream.steps < 200
+    assert await batcher.submit(3) == "done after 3 steps"  # the queue goes on

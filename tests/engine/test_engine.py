@@ -190,8 +190,12 @@ def test_one_token_steps_use_packed_attention_that_equals_sdpa(tiny_qwen3_dir, t
 class ScriptedFeed:
     """Jobs that arrive at given decode steps (take calls), results recorded in delivery order."""
 
-    def __init__(self, arrivals):
+    def __init__(self, arrivals, gives_up=None):
         self.arrivals, self.calls, self.delivered, self.live_when_taken = arrivals, 0, [], []
+        self.gives_up = gives_up or {}  # ticket -> the take call from which its caller no longer waits
+
+    def wanted(self, ticket):
+        return self.calls < self.gives_up.get(ticket, float("inf"))
 
     def take(self, n):
         self.calls += 1
@@ -243,6 +247,24 @@ def test_jobs_that_arrive_mid_decode_join_the_batch_and_decode_as_if_alone(engin
         assert max(abs(a - b) for a, b in zip(got[name].logprobs, alone.logprobs)) < 1e-4
         fresh = engine.score(j.prompt_ids, got[name].completion_ids, temperature=0.9)
         assert max(abs(a - b) for a, b in zip(fresh, got[name].logprobs)) < 1e-4
+
+
+def test_a_row_whose_caller_gave_up_leaves_the_batch_and_the_others_decode_as_if_alone(engine):
+
+    def job(words, new, seed):
+        ids = prompt(engine, [{"role": "user", "content": "word " * words}])
+        return Job(ids, SamplingParams(max_new_tokens=new, temperature=0.9), seed=seed)
+
+    kept, dropped = job(5, 6, 1), job(9, 120, 2)
+    assert len(engine.generate([dropped])[0].completion_ids) > 20  # alone it would decode long after `kept`
+    before = dict(engine.stats)
+    feed = ScriptedFeed({1: [(kept, "kept"), (dropped, "dropped")]}, gives_up={"dropped": 3})
+    engine.stream(feed, max_rows=8)
+    assert [name for name, _ in feed.delivered] == ["kept"]
+    assert engine.stats["abandoned"] - before["abandoned"] == 1
+    assert engine.stats["decode_steps"] - before["decode_steps"] <= 6  # not the 20+ the dropped row had left
+    alone = engine.generate([kept])[0]
+    assert feed.delivered[0][1].completion_ids == alone.completion_ids
 
 
 def test_rows_sharing_a_prompt_prefix_decode_over_one_copy_of_it(engine, monkeypatch):
