@@ -192,6 +192,10 @@ def _finish(results: list[dict[str, Any]], out: Path | None, *, ran: bool = True
         console.print(f"[bold]difference[/] (b − a, mean score over {comparison['tasks']} tasks): "
                       f"{comparison['mean']:+.3f}  95 % CI [{comparison['low']:+.3f}, {comparison['high']:+.3f}]  "
                       f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})")
+        if comparison.get("tasks_for_target") is not None:
+            console.print(f"[dim]detectable with {int(comparison['power'] * 100)} % power: "
+                          f"{comparison['detectable']:.2f}; ±{comparison['target']:.2f} needs about "
+                          f"{comparison['tasks_for_target']} paired tasks[/]")
     if out is not None:
         written = "results.json, results.md, results.png, traces/" if ran else "compare.json, results.md, results.png"
         console.print(f"[dim]results in {out}/ ({written})[/]")

@@ -19,7 +19,8 @@ import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from math import comb
+from math import ceil, comb, sqrt
+from statistics import NormalDist, stdev
 from typing import Any
 
 from envace_mcp.policy.fidelity import field_split
@@ -206,7 +207,21 @@ def paired_difference(a: dict[str, float], b: dict[str, float], *, resamples: in
     tail = (1 - level) / 2
     return {"tasks": len(diffs), "mean": sum(diffs) / len(diffs), "level": level,
             "low": means[int(tail * (resamples - 1))], "high": means[int((1 - tail) * (resamples - 1))],
-            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs), "same": sum(d == 0 for d in diffs)}
+            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs), "same": sum(d == 0 for d in diffs),
+            **power(diffs, level)}
+
+
+def power(diffs: Sequence[float], level: float = 0.95, *, chance: float = 0.8, target: float = 0.1) -> dict[str, Any]:
+    """What a pairing this size can tell apart, from the spread of its differences (normal approximation):
+    `detectable`, the smallest true mean difference whose interval would exclude 0 with probability
+    `chance`, (z₁₋α/₂ + z_chance) · sd / √n; and `tasks_for_target`, the paired tasks that would detect
+    `target`. A null result with `detectable` 0.3 says little; with 0.05 it says the arms are alike."""
+    if len(diffs) < 2:
+        return {"power": chance, "detectable": float("nan"), "target": target, "tasks_for_target": None}
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2) + NormalDist().inv_cdf(chance)
+    sd = stdev(diffs)
+    return {"power": chance, "detectable": z * sd / sqrt(len(diffs)), "target": target,
+            "tasks_for_target": ceil((z * sd / target) ** 2)}
 
 
 def task_scores(records: Iterable[dict[str, Any]]) -> dict[str, float]:

@@ -90,8 +90,18 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
         lines += ["", f"**{results[1]['label']}** − **{results[0]['label']}** on {comparison['tasks']} paired tasks: "
                       f"{comparison['mean']:+.3f} mean score, {int(comparison['level'] * 100)} % bootstrap interval "
                       f"[{comparison['low']:+.3f}, {comparison['high']:+.3f}] "
-                      f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})."]
+                      f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})."
+                      + _power_note(comparison)]
     return "\n".join(lines) + "\n"
+
+
+def _power_note(comparison: dict[str, Any]) -> str:
+    """How small a difference these paired tasks could find (see `metrics.power`); '' without the figures."""
+    if comparison.get("tasks_for_target") is None:
+        return ""
+    return (f" With this spread, {comparison['tasks']} tasks detect a difference of {comparison['detectable']:.2f} or more "
+            f"{int(comparison['power'] * 100)} % of the time; ±{comparison['target']:.2f} would take "
+            f"about {comparison['tasks_for_target']} tasks.")
 
 
 def _percent(value: float) -> str:

@@ -133,6 +133,8 @@ def test_compare_pairs_two_saved_evaluations_by_task_and_refuses_ones_that_measu
     assert "2 task(s) the other did not run are left out" in result.output
     md = (tmp_path / "cmp" / "results.md").read_text()
     assert "reference mode=real" in md and "noop mode=real" in md and "bootstrap interval" in md
+    assert diff["detectable"] > 0 and f"about {diff['tasks_for_target']} tasks" in md  # what 4 tasks could find
+    assert f"detectable with 80 % power: {diff['detectable']:.2f}" in result.output
     assert (tmp_path / "cmp" / "results.png").stat().st_size > 5_000
     # the same configuration twice is told apart by folder; the pairing is then exactly zero
     same = runner.invoke(app, ["compare", str(tmp_path / "noop"), str(tmp_path / "noop"), "--out", str(tmp_path / "same")])

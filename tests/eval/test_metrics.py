@@ -65,3 +65,17 @@ def test_paired_difference_has_a_bootstrap_interval_around_the_mean():
     assert 0.2 < d["low"] < 0.5 < d["high"] < 0.8
     same = paired_difference(a, a)
     assert same["low"] == same["high"] == 0.0
+
+
+def test_paired_difference_says_the_smallest_difference_its_tasks_could_detect():
+    a = {f"t{i}": 0.0 for i in range(20)}
+    b = {f"t{i}": 1.0 if i < 10 else 0.0 for i in range(20)}
+    d = paired_difference(a, b)
+    sd = (0.25 * 20 / 19) ** 0.5  # ten 1s and ten 0s
+    assert d["detectable"] == pytest.approx((1.95996 + 0.84162) * sd / 20 ** 0.5, rel=1e-4)  # ≈ 0.32
+    assert d["tasks_for_target"] == 207 and d["power"] == 0.8
+    four_times = paired_difference({f"{k}{i}": v for i in range(4) for k, v in a.items()},
+                                   {f"{k}{i}": v for i in range(4) for k, v in b.items()})
+    assert four_times["detectable"] == pytest.approx(d["detectable"] / 2, rel=0.02)  # 4× the tasks: half
+    assert paired_difference(a, a)["detectable"] == 0.0
+    assert paired_difference({"t": 0.0}, {"t": 1.0})["tasks_for_target"] is None  # one task: no spread
