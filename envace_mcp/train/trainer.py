@@ -10,6 +10,7 @@ checkpoints, which resume bit-for-bit.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,22 @@ class GRPOTrainer:
         return self.learner.pad_id
 
     def update(self, groups: list[list[Segment]], extra: dict[str, float] | None = None) -> dict[str, float]:
-        """One optimizer step over `groups`, logged as the next step (with the source's `extra` figures)."""
+        """One optimizer step over `groups`, logged as the next step (with the source's `extra` figures
+        and `update_s`, its seconds)."""
+        started = time.perf_counter()
         record = self.learner.update(groups)
         self.step += 1
-        record = {"step": self.step, **record, **(extra or {})}
+        record = {"step": self.step, **record, **(extra or {}), "update_s": time.perf_counter() - started}
         self.metrics.append(record)
         return record
 
     def train_step(self) -> dict[str, float]:
+        """One step; its record adds `rollout_s` (getting the groups: rollouts online, reading traces
+        offline) and `update_s` (scoring and the optimizer step), the cost a step's budget goes to."""
+        started = time.perf_counter()
         groups = self.source.next(self.order, self.config, self.step)
-        return self.update(groups, getattr(self.source, "stats", None))
+        stats = getattr(self.source, "stats", None) or {}
+        return self.update(groups, {**stats, "rollout_s": time.perf_counter() - started})
 
     def save(self) -> None:
         self.checkpoints.save(**self._checkpoint())

@@ -159,6 +159,7 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(t
     assert record["rolled_groups"] == len(expected)
     uniform = sum(t.instruction not in varied for t in expected)
     assert record["uniform_groups"] == pytest.approx(uniform / len(expected))
+    assert record["rollout_s"] > 0 and record["update_s"] > 0  # where the step's time went
     trained = 2 * (2 if rounds else 2 - uniform)  # runs in the update: kept groups x k
     scores = {t.task_id: t.reward("task") for t in traces}
     assert all(scores[t.id] is not None for t in expected)
