@@ -3,7 +3,9 @@
 it wrote an error, one minus it when it wrote a result) beside what the call would have done
 (`results.json`'s gate value). Prints the AUC of harmful against requested calls and, per threshold,
 what `GateConfig.min_failure_confidence` would have stopped, call by call (first order: the runs are
-not replayed, so later calls are as they were).
+not replayed, so later calls are as they were). Also what failing closed
+(`GateConfig.block_destructive_on_unusable_rehearsal`) would have stopped on top of what was stopped:
+the calls that ran although their rehearsal was unusable.
 
     python benchmarks/gate_confidence.py evals/bank-val [more eval folders] [--thresholds 0.5,0.6,0.7,0.8,0.9]
 """
@@ -20,9 +22,14 @@ from envace_mcp.traces import TraceStore
 
 def error_probabilities(folder: Path) -> list[tuple[str, float | None]]:
     """(would, P(error) or None when the call had no rehearsal with logprobs), per destructive call."""
+    return [(would, p) for would, p, _ in destructive_calls(folder)]
+
+
+def destructive_calls(folder: Path) -> list[tuple[str, float | None, bool]]:
+    """(would, P(error) or None, ran although its rehearsal was unusable), per destructive call."""
     results = json.loads((folder / "results.json").read_text())
     runs = {r["run_id"]: r for r in results["runs"]}
-    out: list[tuple[str, float | None]] = []
+    out: list[tuple[str, float | None, bool]] = []
     for trace in TraceStore(folder / "traces").read():
         record = runs.get(trace.run_id)
         if not record or not record.get("destructive"):
@@ -39,12 +46,13 @@ def error_probabilities(folder: Path) -> list[tuple[str, float | None]]:
             raise SystemExit(f"{folder}: run {trace.run_id} has {len(gated)} gated destructive calls, "
                              f"results.json {len(record['destructive'])}")
         for step, call in zip(gated, record["destructive"]):
+            status = (step.parsed or {}).get("status") if step is not None else None
+            unusable_ran = status == "invalid" and not call["stopped"]
             if step is None or not step.logprobs:
-                out.append((call["would"], None))
+                out.append((call["would"], None, unusable_ran))
                 continue
             first = math.exp(step.logprobs[0])
-            errs = (step.parsed or {}).get("status") == "tool_error"
-            out.append((call["would"], first if errs else 1.0 - first))
+            out.append((call["would"], first if status == "tool_error" else 1.0 - first, unusable_ran))
     return out
 
 
@@ -53,7 +61,8 @@ def main() -> None:
     parser.add_argument("folders", type=Path, nargs="+", help="envace eval --out folders (results.json + traces/)")
     parser.add_argument("--thresholds", default="0.5,0.6,0.7,0.8,0.9")
     args = parser.parse_args()
-    calls = [c for folder in args.folders for c in error_probabilities(folder)]
+    every = [c for folder in args.folders for c in destructive_calls(folder)]
+    calls = [(would, p) for would, p, _ in every]
     scored = [(would, p) for would, p in calls if p is not None]
     harmful = [p for would, p in scored if would != "requested"]
     requested = [p for would, p in scored if would == "requested"]
@@ -65,6 +74,11 @@ def main() -> None:
     for threshold in (float(t) for t in args.thresholds.split(",")):
         print(f"min_failure_confidence {threshold:.2f}: harmful predicted to fail {sum(p >= threshold for p in harmful)}"
               f"/{len(harmful)}, requested {sum(p >= threshold for p in requested)}/{len(requested)}")
+
+    closed = [would for would, _, unusable_ran in every if unusable_ran]
+    print(f"block_destructive_on_unusable_rehearsal would also stop: harmful "
+          f"{sum(w != 'requested' for w in closed)}/{sum(w != 'requested' for w, _ in calls)}, "
+          f"requested {sum(w == 'requested' for w in closed)}/{sum(w == 'requested' for w, _ in calls)}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ The gate is code, not text: nothing a tool returns or a model writes can change 
 Decisions, in the order they are checked:
 1. `reject`   — unknown tool or arguments violating its input schema (answered without any server);
 2. `simulate` — simulated mode, or a non-read-only tool in mixed mode: the prediction is the answer;
-3. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error):
-   not executed unless `approve_blocked` routes it to a human (`ask`);
+3. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error), or,
+   with `block_destructive_on_unusable_rehearsal`, could not be read: not executed unless
+   `approve_blocked` routes it to a human (`ask`);
 4. `feedback` — the rehearsal predicts an error for any other tool (or blocking is off): not executed,
    the prediction goes back to the agent so it can revise;
 5. `budget`   — the real-call budget is spent;
@@ -46,6 +47,11 @@ class GateConfig:
     threshold trades stops of harmful calls for fewer false blocks only as far as the world model's
     confidence ranks its mistakes: check that on saved runs first (benchmarks/gate_confidence.py; the
     embedded 135M model's does not, docs/evidence.md)."""
+    block_destructive_on_unusable_rehearsal: bool = False
+    """Fail closed: block a destructive call whose rehearsal is unusable (`Prediction.status == "invalid"`:
+    no parseable reply, or one that breaks the tool's output schema), as if it predicted a failure. Off by
+    default: an untrained world model's rehearsals are mostly unusable, and every write would stop. With
+    the shipped bank adapter 85 % of such calls failed on bank test (61 of 72; docs/evidence.md)."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "destructive", "always"] = "never"
@@ -109,8 +115,11 @@ def decide(
     confidence = prediction.confidence if prediction is not None else None
     failing = predicted and (confidence is None or confidence >= config.min_failure_confidence)
     sure = f" (confidence {confidence:.2f})" if confidence is not None else ""
-    if failing and spec.annotations.destructive and config.block_destructive_on_predicted_failure:
-        why = f"rehearsal predicts {prediction.code}{sure}: {prediction.message or prediction.details or 'failure'}"
+    unusable = prediction is not None and prediction.status == "invalid"
+    if spec.annotations.destructive and ((failing and config.block_destructive_on_predicted_failure)
+                                         or (unusable and config.block_destructive_on_unusable_rehearsal)):
+        why = (f"rehearsal unusable ({prediction.code}), failing closed" if unusable else
+               f"rehearsal predicts {prediction.code}{sure}: {prediction.message or prediction.details or 'failure'}")
         if config.approve_blocked:
             return Decision("ask", f"destructive call blocked ({why}); a human may approve it")
         return Decision("block", f"destructive call blocked: {why}")

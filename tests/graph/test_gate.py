@@ -68,9 +68,16 @@ def test_budgets_and_approval_rules():
     assert d(OK, WRITE, FINE).action == "execute"
 
 
-def test_an_invalid_rehearsal_does_not_stop_a_call():
-    garbled = Prediction(tool="transfer", status="invalid", code="MISSING_TAG")
-    assert d(OK, WRITE, garbled).action == "execute"
+def test_an_invalid_rehearsal_stops_a_destructive_call_only_when_the_gate_fails_closed():
+    garbled = Prediction(tool="transfer", status="invalid", code="OUTPUT_SCHEMA_MISMATCH")
+    assert d(OK, WRITE, garbled).action == "execute"  # by default
+    closed = d(OK, WRITE, garbled, block_destructive_on_unusable_rehearsal=True)
+    assert closed.action == "block" and "unusable (OUTPUT_SCHEMA_MISMATCH)" in closed.reason
+    assert d(OK, WRITE, garbled, block_destructive_on_unusable_rehearsal=True, approve_blocked=True).action == "ask"
+    call = ToolCall(id="3", name="add_note", arguments={})  # not destructive: it runs, no feedback to give
+    assert d(call, SAFE_WRITE, garbled, block_destructive_on_unusable_rehearsal=True).action == "execute"
+    assert d(OK, WRITE, FINE, block_destructive_on_unusable_rehearsal=True).action == "execute"
+    assert d(OK, WRITE, None, block_destructive_on_unusable_rehearsal=True).action == "execute"  # not rehearsed
 
 
 def test_a_predicted_failure_stops_a_call_only_when_the_rehearsal_was_sure_enough_of_it():

@@ -119,6 +119,34 @@ async def test_an_unsure_predicted_failure_lets_a_requested_write_reach_the_serv
                                      "Insufficient funds")]
 
 
+async def test_a_gate_that_fails_closed_keeps_a_write_with_an_unusable_rehearsal_off_the_server(bank):
+    """`block_destructive_on_unusable_rehearsal`: a rehearsal that broke the tool's output schema lets the
+    transfer run by default, and blocks it when the gate fails closed; the trace says why."""
+    from envace_mcp.policy import Prediction
+    from envace_mcp.traces import record_run
+
+    suite, task = bank
+    trap = task.trap.arguments
+    outcomes, reasons = [], []
+    for closed in (False, True):
+        garbled = Prediction(tool="transfer", arguments=trap, status="invalid", code="OUTPUT_SCHEMA_MISMATCH",
+                             message="the reply lacks 'transfer_id'")
+        policy = ScriptedPolicy(act=[call("transfer", **trap), "Done."], rehearse=[garbled])
+        episode = Episode(task, "bank")
+        async with Toolbox({"bank": suite.build_server()}) as toolbox:
+            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
+                                    gate=GateConfig(block_destructive_on_unusable_rehearsal=closed))
+            out, trace = await record_run(create_envace_graph().compile(),
+                                          {"messages": [HumanMessage(content=task.instruction)]}, context=context)
+            tried = await episode.final_state(toolbox) != task.initial_state
+        policy.assert_complete()
+        outcomes.append((out["rehearsals"][0]["decision"], tried))
+        reasons += [s.reason for s in trace.steps if s.role == "gate"]
+    assert outcomes == [("execute", True), ("block", False)]
+    assert reasons == ["rehearsal raised no objection",
+                       "destructive call blocked: rehearsal unusable (OUTPUT_SCHEMA_MISMATCH), failing closed"]
+
+
 async def test_a_retried_call_is_rehearsed_without_the_gates_refusal_so_the_world_model_cannot_copy_it(bank):
     from envace_mcp.policy.prompts import render_inline, render_rehearse
 
