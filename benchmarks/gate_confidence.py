@@ -20,13 +20,9 @@ from pathlib import Path
 from envace_mcp.traces import TraceStore
 
 
-def error_probabilities(folder: Path) -> list[tuple[str, float | None]]:
-    """(would, P(error) or None when the call had no rehearsal with logprobs), per destructive call."""
-    return [(would, p) for would, p, _ in destructive_calls(folder)]
-
-
 def destructive_calls(folder: Path) -> list[tuple[str, float | None, bool]]:
-    """(would, P(error) or None, ran although its rehearsal was unusable), per destructive call."""
+    """(would, P(error) or None when the call had no rehearsal with logprobs, ran although its rehearsal
+    was unusable), per destructive call."""
     results = json.loads((folder / "results.json").read_text())
     runs = {r["run_id"]: r for r in results["runs"]}
     out: list[tuple[str, float | None, bool]] = []
