@@ -28,6 +28,10 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
     (root / "a-file").write_text("not a folder")
     (root / "folder").mkdir()
+    for name, gate in {"approving-adapter": {"require_approval": "never"},
+                       "maybe-adapter": {"block_destructive_on_unusable_rehearsal": "maybe"}}.items():
+        (root / name).mkdir()  # an adapter folder whose envace.json recommends a gate it may not
+        (root / name / "envace.json").write_text(json.dumps({"tool_format": "compact", "gate": gate}))
     (root / "broken.json").write_text("{not json")
     (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
@@ -80,6 +84,8 @@ BAD = [
     (["demo", "--task", "bank/test/9999"], "no task"),
     (["demo", "--max-steps", "0"], "'--max-steps'"),
     (["demo", "--adapter", "{f}/a-file"], "is a file"),
+    (["demo", "--adapter", "{f}/approving-adapter"], "may recommend only"),
+    (["run", "x", "--adapter", "{f}/maybe-adapter"], "block_destructive_on_unusable_rehearsal = 'maybe'"),
     (["demo", "--bogus"], "No such option: --bogus"),
     (["servers", "serve", "bank", "--port", "99999"], "'--port'"),
     (["servers", "serve", "bank", "--transport", "sse"], "'--transport'"),

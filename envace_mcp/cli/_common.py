@@ -248,3 +248,23 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="approve destructive c
 INTERACTIVE_GATE = {"require_approval": "destructive"}
 """`envace demo` and `envace run` ask before any destructive call (the terminal shows the call and its
 rehearsed outcome); `--gate require_approval=never` or `--yes` for unattended runs."""
+
+
+def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announce: bool = True,
+                **overrides: Any) -> tuple[Any, str | None]:
+    """`envace demo` / `envace run`: the adapter to load (`default_adapter`) and the gate, built from
+    INTERACTIVE_GATE, then what the adapter's envace.json recommends (`adapter_gate`), then `--gate`,
+    then `overrides`. The recommendation is printed, so a run never hides where a setting came from."""
+    from envace_mcp.graph import adapter_gate
+    from envace_mcp.policy.embedded import default_adapter
+
+    try:
+        folder = default_adapter(model, adapter)
+        recommended = adapter_gate(folder)
+    except EnvaceError as exc:
+        _fail(exc)
+    config = _gate(spec, {**INTERACTIVE_GATE, **recommended}, **overrides)
+    if recommended and announce:
+        shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
+        console.print(f"[dim]gate from the adapter's envace.json: {shown} (--gate overrides)[/]")
+    return config, folder

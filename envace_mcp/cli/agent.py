@@ -9,17 +9,16 @@ import anyio
 import typer
 
 from envace_mcp.cli._common import (
-    INTERACTIVE_GATE,
     AdapterOpt,
     ModelOpt,
     RehearseTokensOpt,
     ServersOpt,
     TracesOut,
     YesOpt,
+    _agent_gate,
     _bundled_config,
     _catalog_table,
     _fail,
-    _gate,
     _sampling,
     _suite,
     app,
@@ -54,7 +53,7 @@ def demo(
     from envace_mcp.toolbox import Toolbox
 
     suite = _suite(domain)
-    gate_config = _gate(gate, INTERACTIVE_GATE, max_steps=max_steps)
+    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, max_steps=max_steps)
     try:
         if task_id:
             task = suite.task(task_id)
@@ -78,13 +77,16 @@ def demo(
                     console.print(f"     [{colour}]→ {json.dumps(result.value)[:300]}[/]")
                 console.print(f"\nanswer: {task.answer}")
             else:
-                from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
+                from envace_mcp._transcript import (
+                    TerminalApprover,
+                    Transcript,
+                    print_summary,
+                )
                 from envace_mcp.policy import load_policy
-                from envace_mcp.policy.embedded import default_adapter
 
                 with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
                     try:
-                        policy = load_policy(model, adapter=default_adapter(model, adapter))
+                        policy = load_policy(model, adapter=adapter_folder)
                     except EnvaceError as exc:
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
@@ -138,8 +140,8 @@ def run_command(
     Each proposed call, its rehearsal, the gate's decision and the real result are shown, mismatches
     highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
     terminal; --yes approves); the run ends with a summary."""
-    gate_config = _gate(gate, INTERACTIVE_GATE)
-    anyio.run(_run, task, servers or _bundled_config(), model, adapter, mode, rehearse, strategy, gate_config,
+    gate_config, adapter_folder = _agent_gate(gate, model, adapter)
+    anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, strategy, gate_config,
               _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes)
 
 
@@ -150,12 +152,11 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
     from envace_mcp.graph import EnvaceContext, create_envace_graph
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.policy import load_policy
-    from envace_mcp.policy.embedded import default_adapter
     from envace_mcp.toolbox import Toolbox
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=default_adapter(model, adapter))
+            policy = load_policy(model, adapter=adapter)
         except EnvaceError as exc:
             _fail(exc)
     try:

@@ -1,7 +1,14 @@
 """The EnvACE graph: rehearse before acting, gate real calls, remember what rehearsal showed."""
 
 from envace_mcp.graph.builder import create_envace_graph
-from envace_mcp.graph.gate import Decision, GateConfig, decide, should_rehearse
+from envace_mcp.graph.gate import (
+    ADAPTER_GATE_SETTINGS,
+    Decision,
+    GateConfig,
+    adapter_gate,
+    decide,
+    should_rehearse,
+)
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import EnvaceContext, EnvaceState, RehearsalRecord
 
@@ -11,6 +18,8 @@ __all__ = [
     "EnvaceState",
     "RehearsalRecord",
     "GateConfig",
+    "adapter_gate",
+    "ADAPTER_GATE_SETTINGS",
     "Decision",
     "decide",
     "should_rehearse",

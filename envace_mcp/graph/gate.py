@@ -21,9 +21,12 @@ Decisions, in the order they are checked:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from envace_mcp.errors import UserError
 from envace_mcp.policy.types import Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
 
@@ -62,6 +65,47 @@ class GateConfig:
     """Bounds model time spent rehearsing in one run."""
     max_steps: int = 12
     """Agent turns before the run stops (the bundled tasks need at most 7)."""
+
+
+ADAPTER_GATE_SETTINGS = ("rehearse", "feedback_on_predicted_error", "block_destructive_on_predicted_failure",
+                         "min_failure_confidence", "block_destructive_on_unusable_rehearsal")
+"""What an adapter may recommend in its `envace.json` (`"gate": {...}`): how far to trust its world
+model, as measured with it. Approval and budgets stay the caller's: an adapter cannot turn them off."""
+
+
+def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
+    """The gate settings an adapter folder recommends (`"gate"` in its `envace.json`, beside the prompt
+    formats), checked against GateConfig; {} when it recommends none. `envace demo` and `envace run`
+    start from them; in Python: `GateConfig(**adapter_gate(folder))`. A setting outside
+    `ADAPTER_GATE_SETTINGS` or of the wrong type is a UserError naming the file."""
+    from envace_mcp.policy.tool_text import FORMAT_FILE
+
+    if adapter is None:
+        return {}
+    path = Path(adapter) / FORMAT_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except OSError:
+        return {}
+    except ValueError as exc:
+        raise UserError(f"{path} is not JSON ({exc})") from None
+    settings = saved.get("gate", {}) if isinstance(saved, dict) else {}
+    if not isinstance(settings, dict):
+        raise UserError(f"{path}: \"gate\" must be an object of gate settings, not {settings!r}")
+    hints = get_type_hints(GateConfig)
+    for key, value in settings.items():
+        if key not in ADAPTER_GATE_SETTINGS:
+            raise UserError(f"{path}: an adapter may recommend only {', '.join(ADAPTER_GATE_SETTINGS)}, not {key!r}")
+        hint = hints[key]
+        if get_origin(hint) is Literal:
+            ok = value in get_args(hint)
+        elif hint is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+        else:
+            ok = isinstance(value, hint)
+        if not ok:
+            raise UserError(f"{path}: gate setting {key} = {value!r} is not a valid {GateConfig.__name__}.{key}")
+    return dict(settings)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Every gate path, as pure functions."""
 
+import json
+
 import pytest
 
 from envace_mcp.graph.gate import GateConfig, decide, should_rehearse
@@ -90,3 +92,30 @@ def test_a_predicted_failure_stops_a_call_only_when_the_rehearsal_was_sure_enoug
     assert d(call, SAFE_WRITE, unsure, min_failure_confidence=0.8).action == "execute"  # no feedback either
     assert d(call, SAFE_WRITE, unsure, min_failure_confidence=0.6).action == "feedback"
     assert d(OK, WRITE, FAILS, min_failure_confidence=0.99).action == "block"  # no confidence reported: sure
+
+
+def test_an_adapter_recommends_how_far_to_trust_its_world_model_and_nothing_else(tmp_path):
+    from envace_mcp.errors import UserError
+    from envace_mcp.graph import adapter_gate
+
+    assert adapter_gate(None) == {} and adapter_gate(tmp_path) == {}  # no envace.json: no recommendation
+    (tmp_path / "envace.json").write_text(json.dumps({"tool_format": "compact"}))
+    assert adapter_gate(tmp_path) == {}
+    wanted = {"block_destructive_on_unusable_rehearsal": True, "min_failure_confidence": 0.5, "rehearse": "all"}
+    (tmp_path / "envace.json").write_text(json.dumps({"tool_format": "compact", "gate": wanted}))
+    assert adapter_gate(tmp_path) == wanted
+    config = GateConfig(**adapter_gate(tmp_path), require_approval="destructive")
+    assert config.block_destructive_on_unusable_rehearsal and config.rehearse == "all"
+    for bad, says in [({"require_approval": "never"}, "may recommend only"),  # approval stays the caller's
+                      ({"max_real_calls": None}, "may recommend only"),
+                      ({"block_destructive_on_unusable_rehearsal": "yes"}, "not a valid GateConfig"),
+                      ({"min_failure_confidence": 2}, "not a valid GateConfig"),
+                      ({"min_failure_confidence": True}, "not a valid GateConfig"),
+                      ({"rehearse": "some"}, "not a valid GateConfig"),
+                      (["rehearse"], "must be an object")]:
+        (tmp_path / "envace.json").write_text(json.dumps({"gate": bad}))
+        with pytest.raises(UserError, match=says):
+            adapter_gate(tmp_path)
+    (tmp_path / "envace.json").write_text("{torn")
+    with pytest.raises(UserError, match="not JSON"):
+        adapter_gate(tmp_path)
