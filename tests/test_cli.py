@@ -36,11 +36,15 @@ def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score(tmp_path):
     score = float(out.stdout.rsplit("checker score:", 1)[1].split()[0])
     assert 0.0 <= score <= 1.0 and "✓ state" in out.stdout  # a read-only task: state untouched
     assert "\nsummary\n" in out.stdout and "calls proposed" in out.stdout and "approvals:" in out.stdout
+    # the gate starts from what the shipped adapter recommends, and says so
+    assert "gate from the adapter's envace.json: block_destructive_on_unusable_rehearsal=true" in out.stdout
     from envace_mcp.traces import TraceStore
 
     [trace] = list(TraceStore(tmp_path).read())  # recorded, with the checker's score attached
     assert trace.task_id == "bank/test/0000" and trace.reward("task").value == score
     assert trace.steps[0].role == "act" and trace.steps[0].prompt_ids
+    assert trace.gate["block_destructive_on_unusable_rehearsal"] is True  # and the run recorded it
+    assert trace.gate["require_approval"] == "destructive"  # the interactive default still under it
 
 
 def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
