@@ -264,7 +264,7 @@ def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announ
     except EnvaceError as exc:
         _fail(exc)
     config = _gate(spec, {**INTERACTIVE_GATE, **recommended}, **overrides)
-    if recommended and announce:
+    if recommended and announce:  # after every check of the command line: a bad one prints nothing else
         shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
         console.print(f"[dim]gate from the adapter's envace.json: {shown} (--gate overrides)[/]")
     return config, folder

@@ -53,7 +53,6 @@ def demo(
     from envace_mcp.toolbox import Toolbox
 
     suite = _suite(domain)
-    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, max_steps=max_steps)
     try:
         if task_id:
             task = suite.task(task_id)
@@ -63,6 +62,7 @@ def demo(
             task = suite.split("test")[0]
     except EnvaceError as exc:
         _fail(exc)
+    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, max_steps=max_steps)
 
     async def main(config: dict[str, Any]) -> None:
         async with Toolbox(config) as toolbox:
