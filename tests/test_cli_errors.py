@@ -32,6 +32,9 @@ def files(tmp_path_factory):
                        "maybe-adapter": {"block_destructive_on_unusable_rehearsal": "maybe"}}.items():
         (root / name).mkdir()  # an adapter folder whose envace.json recommends a gate it may not
         (root / name / "envace.json").write_text(json.dumps({"tool_format": "compact", "gate": gate}))
+    (root / "torn-adapter").mkdir()  # an adapter whose envace.json was cut off mid-write
+    (root / "torn-adapter" / "envace.json").write_text('{"tool_format": "comp')
+    (root / "torn-grpo.json").write_text(json.dumps({"adapter": str(root / "torn-adapter")}))
     (root / "broken.json").write_text("{not json")
     (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
@@ -84,7 +87,9 @@ BAD = [
     (["demo", "--task", "bank/test/9999"], "no task"),
     (["demo", "--max-steps", "0"], "'--max-steps'"),
     (["demo", "--adapter", "{f}/a-file"], "is a file"),
-    (["demo", "--adapter", "{f}/approving-adapter"], "may recommend only"),
+    (["demo", "--adapter", "{f}/approving-adapter"], "recommendation): may set only"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--adapter", "{f}/torn-adapter"], "envace.json is not JSON"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/torn-grpo.json"], "envace.json is not JSON"),
     (["run", "x", "--adapter", "{f}/maybe-adapter"], "block_destructive_on_unusable_rehearsal = 'maybe'"),
     (["demo", "--bogus"], "No such option: --bogus"),
     (["servers", "serve", "bank", "--port", "99999"], "'--port'"),

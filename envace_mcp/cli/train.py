@@ -55,7 +55,10 @@ def train_sft_command(
     if adapter is not None:
         if full:
             _fail(ValueError("--adapter continues a LoRA adapter; --full trains every weight: choose one"))
-        learned = {"tool_format": "json", "rehearse_format": "simulator"} | adapter_formats(adapter)
+        try:
+            learned = {"tool_format": "json", "rehearse_format": "simulator"} | adapter_formats(adapter)
+        except EnvaceError as exc:
+            _fail(exc)
         recorded = {"tool_format": tool_format, "rehearse_format": rehearse_format}
         if learned != recorded:
             _fail(ValueError(f"--adapter {str(adapter)!r} was trained on {learned}, the runs were recorded with "
@@ -119,6 +122,13 @@ def train_grpo_command(
         _fail(ValueError(f"bad GRPO config {str(config)!r}: {problems}"))
     except (ValueError, TypeError, OSError) as exc:
         _fail(ValueError(f"bad GRPO config {str(config)!r}: {exc}"))
+    if settings.adapter:
+        from envace_mcp.policy.tool_text import adapter_formats
+
+        try:
+            adapter_formats(settings.adapter)  # a torn envace.json fails before the model loads
+        except EnvaceError as exc:
+            _fail(exc)
     if steps is not None:
         settings.steps = steps
     if kind:

@@ -21,7 +21,6 @@ Decisions, in the order they are checked:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -73,39 +72,47 @@ ADAPTER_GATE_SETTINGS = ("rehearse", "feedback_on_predicted_error", "block_destr
 model, as measured with it. Approval and budgets stay the caller's: an adapter cannot turn them off."""
 
 
-def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
-    """The gate settings an adapter folder recommends (`"gate"` in its `envace.json`, beside the prompt
-    formats), checked against GateConfig; {} when it recommends none. `envace demo` and `envace run`
-    start from them; in Python: `GateConfig(**adapter_gate(folder))`. A setting outside
-    `ADAPTER_GATE_SETTINGS` or of the wrong type is a UserError naming the file."""
-    from envace_mcp.policy.tool_text import FORMAT_FILE
-
-    if adapter is None:
-        return {}
-    path = Path(adapter) / FORMAT_FILE
-    try:
-        saved = json.loads(path.read_text())
-    except OSError:
-        return {}
-    except ValueError as exc:
-        raise UserError(f"{path} is not JSON ({exc})") from None
-    settings = saved.get("gate", {}) if isinstance(saved, dict) else {}
+def gate_settings(settings: Any, where: str, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Gate settings as JSON gives them (`{"require_approval": "destructive", "max_steps": 6}`), checked
+    against GateConfig's fields and types (a choice, a bool, a fraction from 0 to 1, a count, `None` where
+    the field allows it), for `GateConfig(**settings)`. `allowed`: the only fields they may set. A bad
+    one is a UserError that starts with `where`."""
     if not isinstance(settings, dict):
-        raise UserError(f"{path}: \"gate\" must be an object of gate settings, not {settings!r}")
+        raise UserError(f"{where}: gate settings must be an object of GateConfig fields, not {settings!r}")
     hints = get_type_hints(GateConfig)
     for key, value in settings.items():
-        if key not in ADAPTER_GATE_SETTINGS:
-            raise UserError(f"{path}: an adapter may recommend only {', '.join(ADAPTER_GATE_SETTINGS)}, not {key!r}")
-        hint = hints[key]
-        if get_origin(hint) is Literal:
-            ok = value in get_args(hint)
-        elif hint is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
-        else:
-            ok = isinstance(value, hint)
-        if not ok:
-            raise UserError(f"{path}: gate setting {key} = {value!r} is not a valid {GateConfig.__name__}.{key}")
+        if key not in (allowed or hints):
+            known = "may set only" if allowed else "knows only"
+            raise UserError(f"{where}: {known} {', '.join(allowed or hints)}, not {key!r}")
+        if not _fits(key, hints[key], value):
+            raise UserError(f"{where}: gate setting {key} = {value!r} is not a valid {GateConfig.__name__}.{key}")
     return dict(settings)
+
+
+def _fits(key: str, hint: Any, value: Any) -> bool:
+    if get_origin(hint) is Literal:
+        return value in get_args(hint)
+    if value is None:
+        return type(None) in get_args(hint)
+    if isinstance(value, bool) or hint is bool:
+        return hint is bool and isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and 0.0 <= value <= 1.0
+    return isinstance(value, int) and value >= (1 if key == "max_steps" else 0)  # counts and budgets
+
+
+def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
+    """The gate settings an adapter folder recommends (`"gate"` in its `envace.json`, beside the prompt
+    formats), checked by `gate_settings`; {} when it recommends none. `envace demo`, `envace run` and
+    the served graph start from them; in Python: `GateConfig(**adapter_gate(folder))`. A setting outside
+    `ADAPTER_GATE_SETTINGS`, of the wrong type, or a torn file is a UserError naming the file."""
+    from envace_mcp.policy.tool_text import adapter_file
+
+    saved = adapter_file(adapter)
+    if "gate" not in saved:
+        return {}
+    return gate_settings(saved["gate"], f"{Path(adapter) / 'envace.json'} (an adapter's recommendation)",  # type: ignore[arg-type]
+                         allowed=ADAPTER_GATE_SETTINGS)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from envace_mcp.graph.gate import GateConfig, adapter_gate, gate_settings
 from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.policy.embedded import default_adapter
 
 
 @dataclass
@@ -23,12 +25,21 @@ class ServedContext(EnvaceContext):
     none with other models; `"none"` = no adapter."""
     servers: str | None = None
     """Path of an `mcpServers` JSON file for the toolbox when `toolbox` is not given."""
+    gate: GateConfig | dict[str, Any] | None = None  # type: ignore[assignment]
+    """A `GateConfig`, or its settings as the context's JSON gives them (`{"require_approval":
+    "destructive"}`), over what the loaded adapter recommends (`adapter_gate`, as `envace demo` starts
+    from it; nothing when `policy` is given) and GateConfig's defaults."""
 
     def _needs_toolbox(self) -> bool:
         return self.toolbox is None and bool(self.servers) and self.mode != "simulated"
 
     def load(self) -> ServedContext:
-        """Fill in `policy` and `toolbox` from `model` / `servers` (process-wide, on first use; blocking)."""
+        """Fill in `policy`, `toolbox` and `gate` from `model` / `servers` / the gate's settings (the services
+        process-wide, on first use; blocking)."""
+        if not isinstance(self.gate, GateConfig):
+            settings = gate_settings(self.gate or {}, "the context's gate")  # a bad one fails before anything loads
+            recommended = {} if self.policy is not None else adapter_gate(default_adapter(self.model, self.adapter))
+            self.gate = GateConfig(**{**recommended, **settings})
         if self.policy is None:
             self.policy = _shared_policy(self.model, self.adapter)
         if self._needs_toolbox():
@@ -37,7 +48,7 @@ class ServedContext(EnvaceContext):
 
     async def prepare(self) -> ServedContext:
         """`load()` for the graph's nodes: what is still to load is loaded in a worker thread."""
-        if self.policy is None or self._needs_toolbox():
+        if self.policy is None or self._needs_toolbox() or not isinstance(self.gate, GateConfig):
             import anyio
 
             await anyio.to_thread.run_sync(self.load)
@@ -49,8 +60,6 @@ _LOADING = threading.Lock()  # two first runs at once load one copy
 
 
 def _shared_policy(model: str | None, adapter: str | None = None) -> Any:
-    from envace_mcp.policy.embedded import default_adapter
-
     adapter = default_adapter(model, adapter)
     key = ("policy", model, adapter)
     with _LOADING:

@@ -112,22 +112,43 @@ def result_fields(output: dict[str, Any] | None) -> str:
 
 FORMAT_FILE = "envace.json"
 """Beside a LoRA adapter: the prompt formats it was trained on (`{"tool_format": "compact",
-"rehearse_format": "inline"}`), so loading the adapter renders prompts the way it learned them."""
+"rehearse_format": "inline"}`), so loading the adapter renders prompts the way it learned them, and
+optionally the gate it recommends (`"gate": {...}`, `envace_mcp.graph.adapter_gate`)."""
 
 _FORMATS = {"tool_format": ("json", "compact"), "rehearse_format": ("simulator", "inline")}
 
 
-def adapter_formats(adapter: str | Path | None) -> dict[str, str]:
-    """The prompt formats an adapter folder says it was trained on (only those it names)."""
+def adapter_file(adapter: str | Path | None) -> dict[str, Any]:
+    """An adapter folder's `envace.json` as an object; {} when there is none. A torn file, or one that
+    is not an object, is a UserError naming it: guessing its formats would prompt the model in a shape
+    it never learned."""
+    from envace_mcp.errors import UserError
+
     if adapter is None:
         return {}
+    path = Path(adapter) / FORMAT_FILE
     try:
-        saved = json.loads((Path(adapter) / FORMAT_FILE).read_text())
-    except (OSError, ValueError):
+        saved = json.loads(path.read_text())
+    except OSError:
         return {}
+    except ValueError as exc:
+        raise UserError(f"{path} is not JSON ({exc})") from None
     if not isinstance(saved, dict):
-        return {}
-    return {key: saved[key] for key, allowed in _FORMATS.items() if saved.get(key) in allowed}
+        raise UserError(f"{path} must hold an object ({{\"tool_format\": ...}}), not {saved!r}")
+    return saved
+
+
+def adapter_formats(adapter: str | Path | None) -> dict[str, str]:
+    """The prompt formats an adapter folder says it was trained on (only those it names); a value that is
+    not a known format is a UserError naming the file."""
+    from envace_mcp.errors import UserError
+
+    saved = adapter_file(adapter)
+    for key, allowed in _FORMATS.items():
+        if key in saved and saved[key] not in allowed:
+            raise UserError(f"{Path(adapter) / FORMAT_FILE}: {key} must be one of {', '.join(allowed)}, "  # type: ignore[arg-type]
+                            f"not {saved[key]!r}")
+    return {key: saved[key] for key in _FORMATS if key in saved}
 
 
 def adapter_tool_format(adapter: str | Path | None) -> ToolFormat | None:

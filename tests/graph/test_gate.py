@@ -106,8 +106,8 @@ def test_an_adapter_recommends_how_far_to_trust_its_world_model_and_nothing_else
     assert adapter_gate(tmp_path) == wanted
     config = GateConfig(**adapter_gate(tmp_path), require_approval="destructive")
     assert config.block_destructive_on_unusable_rehearsal and config.rehearse == "all"
-    for bad, says in [({"require_approval": "never"}, "may recommend only"),  # approval stays the caller's
-                      ({"max_real_calls": None}, "may recommend only"),
+    for bad, says in [({"require_approval": "never"}, "recommendation.*may set only"),  # approval stays the caller's
+                      ({"max_real_calls": None}, "may set only"),
                       ({"block_destructive_on_unusable_rehearsal": "yes"}, "not a valid GateConfig"),
                       ({"min_failure_confidence": 2}, "not a valid GateConfig"),
                       ({"min_failure_confidence": True}, "not a valid GateConfig"),

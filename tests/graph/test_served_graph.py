@@ -55,6 +55,55 @@ async def test_reading_the_graph_starts_no_server_and_the_first_run_does(tmp_pat
     assert wait_until(lambda: children_of(os.getpid()) == before)
 
 
+async def test_the_gate_arrives_as_json_settings_and_a_bad_one_fails_before_anything_starts(tmp_path, monkeypatch):
+    """A served run's context is JSON: its gate is a dict of GateConfig settings, not a GateConfig."""
+    from envace_mcp.errors import UserError
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"probe": {"command": sys.executable, "args": [PROBE]}}}))
+    monkeypatch.setenv("ENVACE_SERVERS", str(config))
+    graph = load_served_graph().graph
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+    before = children_of(os.getpid())
+    try:
+        for gate, says in [({"max_steps": 0}, "the context's gate: gate setting max_steps = 0 is not a valid"),
+                           ({"colour": "red"}, "the context's gate: knows only rehearse, "),
+                           (["max_steps"], "must be an object")]:
+            with pytest.raises(UserError, match=says):
+                await graph.ainvoke({"messages": [HumanMessage(content="say hi")]},
+                                    context={"policy": ScriptedPolicy(act=[call]), "gate": gate})
+        assert children_of(os.getpid()) == before  # no server started for a bad gate
+        out = await graph.ainvoke({"messages": [HumanMessage(content="say hi")]},
+                                  context={"policy": ScriptedPolicy(act=[call, call, "done"]), "gate": {"max_steps": 1}})
+        assert out["status"] == "max_steps" and out["real_calls"] == 1  # one agent turn, as the JSON said
+    finally:
+        close_shared()
+
+
+def test_a_served_context_starts_from_the_gate_its_adapter_recommends_and_its_own_settings_win(tmp_path, tiny_qwen3_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.graph.served import ServedContext
+
+    adapter = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir), LoraConfig(r=2, target_modules=["q_proj"])
+                   ).save_pretrained(adapter)
+    (adapter / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True,
+                                                              "rehearse": "all"}}))
+    try:
+        gate = ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), gate={"rehearse": "none"}).load().gate
+        assert gate == GateConfig(block_destructive_on_unusable_rehearsal=True, rehearse="none")
+        assert ServedContext(model=str(tiny_qwen3_dir), adapter="none").load().gate == GateConfig()
+        chosen = GateConfig(max_steps=2)  # a GateConfig given in Python is used as it is
+        assert ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), gate=chosen).load().gate is chosen
+        given = ServedContext(policy=ScriptedPolicy(act=["done"]), adapter=str(adapter)).load().gate
+        assert given == GateConfig()  # the adapter named does not describe a policy given as an object
+    finally:
+        close_shared()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_langgraph_dev_serves_the_graph_and_a_run_over_its_http_api_completes_without_allow_blocking(tmp_path):

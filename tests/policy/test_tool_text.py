@@ -104,3 +104,21 @@ async def test_a_recorded_run_says_which_tool_format_its_prompts_used(tiny_qwen3
                                 context=EnvaceContext(policy=policy, tools=bank_catalog, mode="simulated",
                                                       gate=GateConfig(max_steps=1)), metadata={"note": "kept"})
     assert trace.metadata == {"tool_format": "compact", "note": "kept"}
+
+
+def test_a_torn_or_unknown_envace_json_is_an_error_naming_it_not_a_silent_default_format(tmp_path):
+    """Guessing an adapter's formats would prompt it in a shape it never learned."""
+    from envace_mcp.errors import UserError
+    from envace_mcp.policy.tool_text import adapter_file, adapter_formats
+
+    assert adapter_formats(None) == {} and adapter_formats(tmp_path) == {}  # no envace.json: nothing said
+    (tmp_path / "envace.json").write_text(json.dumps({"tool_format": "compact", "gate": {}, "later": 1}))
+    assert adapter_formats(tmp_path) == {"tool_format": "compact"}  # keys it does not know are left alone
+    assert adapter_file(tmp_path)["later"] == 1
+    for text, says in [("{torn", "is not JSON"), ('["compact"]', "must hold an object"),
+                       ('{"tool_format": "xml"}', "tool_format must be one of json, compact, not 'xml'"),
+                       ('{"rehearse_format": null}', "rehearse_format must be one of")]:
+        (tmp_path / "envace.json").write_text(text)
+        with pytest.raises(UserError, match=says) as raised:
+            adapter_formats(tmp_path)
+        assert str(tmp_path / "envace.json") in str(raised.value)
