@@ -163,22 +163,25 @@ def _suite(domain: str, seed: int = 0) -> Any:
 
 def _gate(spec: str | None, defaults: dict[str, Any] | None = None, **overrides: Any) -> Any:
     """`rehearse=all,require_approval=destructive,max_steps=6` as a GateConfig: `defaults` under the
-    spec, `overrides` (set options) over it."""
-    import dataclasses
+    spec, `overrides` (set options) over it. The values are checked by `gate_settings`, as a served
+    graph's JSON gate and an adapter's recommendation are."""
     import typing
 
     from envace_mcp.graph import GateConfig
+    from envace_mcp.graph.gate import gate_settings
 
-    values: dict[str, Any] = dict(defaults or {})
-    fields = {f.name: f for f in dataclasses.fields(GateConfig)}
+    hints = typing.get_type_hints(GateConfig)
+    given: dict[str, Any] = {}
     for item in filter(None, (spec or "").split(",")):
         key, sep, raw = item.partition("=")
         key, raw = key.strip().replace("-", "_"), raw.strip()
-        if key not in fields:
-            _fail(ValueError(f"--gate: unknown setting {key!r}; known: {', '.join(fields)}"))
-        if not sep:
+        if key in hints and not sep:
             _fail(ValueError(f"--gate: {key!r} needs a value ({key}=...)"))
-        values[key] = _gate_value(key, raw, typing.get_type_hints(GateConfig)[key])
+        given[key] = _gate_value(raw, hints.get(key))
+    try:
+        values = {**(defaults or {}), **gate_settings(given, "--gate")}
+    except EnvaceError as exc:
+        _fail(exc)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return GateConfig(**values)
 
@@ -186,39 +189,21 @@ def _gate(spec: str | None, defaults: dict[str, Any] | None = None, **overrides:
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def _gate_value(key: str, raw: str, hint: Any) -> Any:
+def _gate_value(raw: str, hint: Any) -> Any:
+    """One `--gate` value as JSON would give it: typed like the GateConfig field it sets where the text
+    reads as that type, else left as text for `gate_settings` to refuse."""
     import typing
 
-    """One `--gate` value, typed like the GateConfig field it sets (a Literal, bool, int, int | None or a
-    float from 0 to 1)."""
-    choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
-    if choices:
-        if raw not in choices:
-            _fail(ValueError(f"--gate: {key} must be one of {', '.join(choices)}, not {raw!r}"))
+    if hint is None or typing.get_origin(hint) is typing.Literal:
         return raw
     if hint is bool:
-        if raw.lower() not in _TRUE + _FALSE:
-            _fail(ValueError(f"--gate: {key} must be true or false, not {raw!r}"))
-        return raw.lower() in _TRUE
-    optional = type(None) in typing.get_args(hint)
-    if optional and raw.lower() == "none":
+        return True if raw.lower() in _TRUE else False if raw.lower() in _FALSE else raw
+    if type(None) in typing.get_args(hint) and raw.lower() == "none":
         return None
-    if hint is float:
-        try:
-            fraction = float(raw)
-        except ValueError:
-            fraction = float("nan")
-        if not 0.0 <= fraction <= 1.0:
-            _fail(ValueError(f"--gate: {key} must be a number from 0 to 1, not {raw!r}"))
-        return fraction
     try:
-        number = int(raw)
+        return float(raw) if hint is float else int(raw)
     except ValueError:
-        _fail(ValueError(f"--gate: {key} must be a whole number{' or none' if optional else ''}, not {raw!r}"))
-    least = 1 if key == "max_steps" else 0
-    if number < least:
-        _fail(ValueError(f"--gate: {key} must be at least {least}, not {number}"))
-    return number
+        return raw
 
 
 def _sampling(max_new_tokens: int, temperature: float, seed: int,

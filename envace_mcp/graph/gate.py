@@ -76,29 +76,37 @@ def gate_settings(settings: Any, where: str, allowed: tuple[str, ...] | None = N
     """Gate settings as JSON gives them (`{"require_approval": "destructive", "max_steps": 6}`), checked
     against GateConfig's fields and types (a choice, a bool, a fraction from 0 to 1, a count, `None` where
     the field allows it), for `GateConfig(**settings)`. `allowed`: the only fields they may set. A bad
-    one is a UserError that starts with `where`."""
+    one is a UserError that starts with `where` and says what the field takes."""
     if not isinstance(settings, dict):
         raise UserError(f"{where}: gate settings must be an object of GateConfig fields, not {settings!r}")
     hints = get_type_hints(GateConfig)
     for key, value in settings.items():
-        if key not in (allowed or hints):
-            known = "may set only" if allowed else "knows only"
-            raise UserError(f"{where}: {known} {', '.join(allowed or hints)}, not {key!r}")
-        if not _fits(key, hints[key], value):
-            raise UserError(f"{where}: gate setting {key} = {value!r} is not a valid {GateConfig.__name__}.{key}")
+        if allowed is not None and key not in allowed:
+            raise UserError(f"{where}: may set only {', '.join(allowed)}, not {key!r}")
+        if key not in hints:
+            raise UserError(f"{where}: unknown setting {key!r}; known: {', '.join(hints)}")
+        expected = _expected(key, hints[key], value)
+        if expected:
+            raise UserError(f"{where}: {key} must be {expected}, not {value!r}")
     return dict(settings)
 
 
-def _fits(key: str, hint: Any, value: Any) -> bool:
+def _expected(key: str, hint: Any, value: Any) -> str | None:
+    """What GateConfig's `key` takes, when `value` is not that; None when it is."""
     if get_origin(hint) is Literal:
-        return value in get_args(hint)
-    if value is None:
-        return type(None) in get_args(hint)
-    if isinstance(value, bool) or hint is bool:
-        return hint is bool and isinstance(value, bool)
+        return None if value in get_args(hint) else f"one of {', '.join(get_args(hint))}"
+    optional = type(None) in get_args(hint)
+    if value is None and optional:
+        return None
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, (int, float)) and 0.0 <= value <= 1.0
-    return isinstance(value, int) and value >= (1 if key == "max_steps" else 0)  # counts and budgets
+        return None if number and 0.0 <= value <= 1.0 else "a number from 0 to 1"
+    least = 1 if key == "max_steps" else 0  # counts and budgets
+    if number and isinstance(value, int) and value >= least:
+        return None
+    return f"a whole number of at least {least}" + (" or null (none on the command line)" if optional else "")
 
 
 def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Every gate path, as pure functions."""
 
 import json
+import re
 
 import pytest
 
+from envace_mcp.errors import UserError
 from envace_mcp.graph.gate import GateConfig, decide, should_rehearse
 from envace_mcp.policy import Prediction, ToolCall
 from envace_mcp.toolbox import ToolAnnotations, ToolSpec
@@ -95,7 +97,6 @@ def test_a_predicted_failure_stops_a_call_only_when_the_rehearsal_was_sure_enoug
 
 
 def test_an_adapter_recommends_how_far_to_trust_its_world_model_and_nothing_else(tmp_path):
-    from envace_mcp.errors import UserError
     from envace_mcp.graph import adapter_gate
 
     assert adapter_gate(None) == {} and adapter_gate(tmp_path) == {}  # no envace.json: no recommendation
@@ -108,10 +109,10 @@ def test_an_adapter_recommends_how_far_to_trust_its_world_model_and_nothing_else
     assert config.block_destructive_on_unusable_rehearsal and config.rehearse == "all"
     for bad, says in [({"require_approval": "never"}, "recommendation.*may set only"),  # approval stays the caller's
                       ({"max_real_calls": None}, "may set only"),
-                      ({"block_destructive_on_unusable_rehearsal": "yes"}, "not a valid GateConfig"),
-                      ({"min_failure_confidence": 2}, "not a valid GateConfig"),
-                      ({"min_failure_confidence": True}, "not a valid GateConfig"),
-                      ({"rehearse": "some"}, "not a valid GateConfig"),
+                      ({"block_destructive_on_unusable_rehearsal": "yes"}, "must be true or false"),
+                      ({"min_failure_confidence": 2}, "must be a number from 0 to 1, not 2"),
+                      ({"min_failure_confidence": True}, "must be a number from 0 to 1"),
+                      ({"rehearse": "some"}, "rehearse must be one of all, writes, none"),
                       (["rehearse"], "must be an object")]:
         (tmp_path / "envace.json").write_text(json.dumps({"gate": bad}))
         with pytest.raises(UserError, match=says):
@@ -119,3 +120,25 @@ def test_an_adapter_recommends_how_far_to_trust_its_world_model_and_nothing_else
     (tmp_path / "envace.json").write_text("{torn")
     with pytest.raises(UserError, match="not JSON"):
         adapter_gate(tmp_path)
+
+
+def test_gate_settings_take_what_json_gives_and_a_bad_one_says_what_its_field_takes():
+    """One check for the three ways settings arrive as data: `--gate`, a served graph's JSON, envace.json."""
+    from envace_mcp.graph.gate import gate_settings
+
+    every = {"rehearse": "all", "approve_blocked": True, "min_failure_confidence": 0.5, "max_real_calls": None,
+             "max_rehearsals": 0, "max_steps": 1, "require_approval": "destructive", "feedback_on_predicted_error": False}
+    assert GateConfig(**gate_settings(every, "here")) == GateConfig(**every)
+    for bad, says in [({"max_steps": 0}, "here: max_steps must be a whole number of at least 1, not 0"),
+                      ({"max_steps": 2.0}, "max_steps must be a whole number"),
+                      ({"max_steps": None}, "at least 1, not None"),  # only the budgets may be unlimited
+                      ({"max_real_calls": -1}, "max_real_calls must be a whole number of at least 0 or null"),
+                      ({"approve_blocked": 1}, "approve_blocked must be true or false, not 1"),
+                      ({"min_failure_confidence": float("nan")}, "must be a number from 0 to 1"),
+                      ({"require_approval": None}, "must be one of never, destructive, always"),
+                      ({"colour": "red"}, "here: unknown setting 'colour'; known: rehearse, "),
+                      ("max_steps=3", "must be an object")]:
+        with pytest.raises(UserError, match=re.escape(says)):
+            gate_settings(bad, "here")
+    with pytest.raises(UserError, match="here: may set only rehearse, not 'max_steps'"):
+        gate_settings({"max_steps": 3}, "here", allowed=("rehearse",))

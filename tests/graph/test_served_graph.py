@@ -66,8 +66,8 @@ async def test_the_gate_arrives_as_json_settings_and_a_bad_one_fails_before_anyt
     call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
     before = children_of(os.getpid())
     try:
-        for gate, says in [({"max_steps": 0}, "the context's gate: gate setting max_steps = 0 is not a valid"),
-                           ({"colour": "red"}, "the context's gate: knows only rehearse, "),
+        for gate, says in [({"max_steps": 0}, "the context's gate: max_steps must be a whole number of at least 1, not 0"),
+                           ({"colour": "red"}, "the context's gate: unknown setting 'colour'; known: rehearse, "),
                            (["max_steps"], "must be an object")]:
             with pytest.raises(UserError, match=says):
                 await graph.ainvoke({"messages": [HumanMessage(content="say hi")]},
