@@ -82,12 +82,11 @@ def _adapter_folder(value: str | None) -> str | None:
         if not path.is_dir():
             raise typer.BadParameter(f"adapter folder {value!r} {'is a file' if path.exists() else 'does not exist'}"
                                      " (or 'none' for no adapter)")
-        from envace_mcp.errors import UserError
         from envace_mcp.policy.tool_text import adapter_formats
 
         try:
             adapter_formats(path)  # its envace.json, read before anything loads
-        except UserError as exc:
+        except EnvaceError as exc:
             raise typer.BadParameter(str(exc)) from None
     return value
 

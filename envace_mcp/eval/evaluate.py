@@ -23,6 +23,7 @@ import anyio
 
 from envace_mcp.eval.metrics import run_record, summarize
 from envace_mcp.graph import GateConfig
+from envace_mcp.graph.gate import gate_settings
 
 
 @dataclass
@@ -145,11 +146,11 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
+    gate = GateConfig(**gate_settings(settings.gate, "EvalSettings.gate"))  # a bad one writes nothing
     out.mkdir(parents=True, exist_ok=True)
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
     sampling = role_sampling(params, settings.rehearse_max_new_tokens)
-    gate = GateConfig(**settings.gate)
     judge = getattr(suite, "judge_required", lambda task: False)
     records: list[dict[str, Any]] = []
     started = time.perf_counter()

@@ -100,11 +100,11 @@ def _expected(key: str, hint: Any, value: Any) -> str | None:
         return None
     if hint is bool:
         return None if isinstance(value, bool) else "true or false"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is float:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
         return None if number and 0.0 <= value <= 1.0 else "a number from 0 to 1"
     least = 1 if key == "max_steps" else 0  # counts and budgets
-    if number and isinstance(value, int) and value >= least:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= least:
         return None
     return f"a whole number of at least {least}" + (" or null (none on the command line)" if optional else "")
 
@@ -114,12 +114,12 @@ def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
     formats), checked by `gate_settings`; {} when it recommends none. `envace demo`, `envace run` and
     the served graph start from them; in Python: `GateConfig(**adapter_gate(folder))`. A setting outside
     `ADAPTER_GATE_SETTINGS`, of the wrong type, or a torn file is a UserError naming the file."""
-    from envace_mcp.policy.tool_text import adapter_file
+    from envace_mcp.policy.tool_text import FORMAT_FILE, adapter_file
 
     saved = adapter_file(adapter)
     if "gate" not in saved:
         return {}
-    return gate_settings(saved["gate"], f"{Path(adapter) / 'envace.json'} (an adapter's recommendation)",  # type: ignore[arg-type]
+    return gate_settings(saved["gate"], f"{Path(adapter) / FORMAT_FILE} (an adapter's recommendation)",  # type: ignore[arg-type]
                          allowed=ADAPTER_GATE_SETTINGS)
 
 

@@ -91,6 +91,17 @@ async def test_a_crashing_run_is_recorded_as_failed_and_the_others_still_count(t
     assert saved["summary"] == json.loads(json.dumps(results["summary"], default=str))
 
 
+@pytest.mark.anyio
+async def test_a_bad_gate_in_python_settings_is_refused_before_anything_runs_or_is_written(tmp_path):
+    from envace_mcp.errors import UserError
+
+    suite = get_suite("bank")
+    with pytest.raises(UserError, match="EvalSettings.gate: rehearse must be one of all, writes, none, not 'some'"):
+        await evaluate(suite, suite.split("test")[:1], EvalSettings(suite="bank", gate={"rehearse": "some"}),
+                       out=tmp_path / "out", policy=FunctionPolicy(act=lambda request: "done"))
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", ["bank", "retail", "tau2-airline", "tau2-retail", "bfcl-base", "bfcl-simple"])
 def test_embedded_model_smoke_run_per_suite(tmp_path, suite):
