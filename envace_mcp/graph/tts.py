@@ -5,8 +5,9 @@
 - parallel: N independent imagined runs (simulated mode: every call answered by the rehearse role),
   each followed by a self-critique;
 - sequential: each imagined run sees the earlier attempts and critiques in its memory.
-The attempts are condensed into notes (what was tried, what the simulated tools said, the verdict,
-pitfalls and advice) that condition the one committed real run, through the act role's
+The attempts are condensed into notes (the calls tried, whether each simulated tool answered ok or
+with an error, the verdict, pitfalls and advice; never a simulated value or an imagined answer) that
+condition the one committed real run, through the act role's
 "# Rehearsal memory" section. N = 2 by default (the paper's best; N = 3 was slightly worse).
 """
 
@@ -33,17 +34,34 @@ class Attempt:
     state: dict[str, Any]
     critique: Critique
 
-    def summary(self) -> str:
-        calls = []
+    def path(self) -> list[str]:
+        """The calls the attempt made, each with how its simulated tool answered: ok, or the error's text.
+
+        A simulated tool's values are the world model's guesses; they stay out of the memory (with the
+        imagined final answer), because the committed run copied them into its answer as if they were
+        facts (bank validation: an imagined balance of $1,550 quoted over the real $5,970)."""
+        replies = {m.tool_call_id: m for m in self.state.get("messages", []) if isinstance(m, ToolMessage)}
+        lines = []
         for message in self.state.get("messages", []):
-            if isinstance(message, AIMessage):
-                calls += [f"{c['name']}({json.dumps(c['args'], ensure_ascii=False)[:120]})" for c in message.tool_calls]
-            elif isinstance(message, ToolMessage):
-                calls.append(f"  -> {str(message.content)[:160]}")
+            if not isinstance(message, AIMessage):
+                continue
+            for call in message.tool_calls:
+                text = f"{call['name']}({json.dumps(call['args'], ensure_ascii=False)[:120]})"
+                answer = replies.get(call.get("id"))
+                if answer is not None and answer.status == "error":
+                    text += f" -> simulated error: {str(answer.content)[:160]}"
+                elif answer is not None:
+                    text += " -> simulated ok"
+                lines.append(text)
+        return lines
+
+    def summary(self, same_as: int | None = None) -> str:
         verdict = {True: "success", False: "failure", None: "no verdict"}[self.critique.success]
         lines = [f"Attempt {self.index} ({verdict}):"]
-        lines += [f"  {c}" for c in calls] or ["  no tool calls"]
-        lines.append(f"  answer: {str(self.state.get('final_answer'))[:200]}")
+        if same_as is not None:
+            lines.append(f"  the same calls as attempt {same_as}")
+        else:
+            lines += [f"  {c}" for c in self.path()] or ["  no tool calls"]
         if self.critique.pitfalls:
             lines.append(f"  pitfalls: {self.critique.pitfalls[:300]}")
         if self.critique.advice:
@@ -52,11 +70,20 @@ class Attempt:
 
 
 def condense(attempts: list[Attempt]) -> str:
-    """The rehearsal memory handed to the committed run."""
+    """The rehearsal memory handed to the committed run: each attempt's path (calls, and whether the
+    simulated tool answered ok or with an error), its verdict, pitfalls and advice. No simulated value
+    and no imagined answer: those are guesses, and the real tools are about to answer."""
     if not attempts:
         return ""
-    head = f"Before acting you rehearsed this task {len(attempts)} time(s) against simulated tools:"
-    return "\n".join([head, *(a.summary() for a in attempts)])
+    head = (f"Before acting you rehearsed this task {len(attempts)} time(s) against simulated tools. "
+            "Their results were guesses, so none are shown: take every value from the real tools.")
+    seen: dict[tuple[str, ...], int] = {}
+    parts = [head]
+    for attempt in attempts:
+        path = tuple(attempt.path())
+        parts.append(attempt.summary(same_as=seen.get(path) if path else None))
+        seen.setdefault(path, attempt.index)
+    return "\n".join(parts)
 
 
 async def _imagine(compiled: Any, task: str, context: EnvaceContext, index: int, earlier: list[Attempt]) -> Attempt:

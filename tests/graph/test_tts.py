@@ -89,3 +89,34 @@ async def test_test_time_rehearsal_runs_with_the_real_embedded_model(bank):
     assert len(attempts) == 2 and all(a.critique.text is not None for a in attempts)
     assert final["notes"].startswith("Before acting you rehearsed this task 2 time(s)")
     assert final["status"] in {"finished", "max_steps"}
+
+
+def test_memory_shows_paths_and_simulated_errors_never_simulated_values_or_imagined_answers():
+    """An imagined balance quoted as fact was how test-time rehearsal hurt on bank validation."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from envace_mcp.graph.tts import Attempt, condense
+    from envace_mcp.policy.types import Critique
+
+    def attempt(index, balance, critique):
+        messages = [HumanMessage(content="What is my checking balance? Then move $900 from savings."),
+                    AIMessage(content="", tool_calls=[{"name": "get_balance", "args": {"account_id": "CHK-3050"},
+                                                       "id": "a"},
+                                                      {"name": "transfer", "args": {"amount": 900}, "id": "b"}]),
+                    ToolMessage(content=json.dumps({"balance": balance}), tool_call_id="a", status="success"),
+                    ToolMessage(content="savings would drop below $500", tool_call_id="b", status="error"),
+                    AIMessage(content=f"Your balance is ${balance:,.2f}.")]
+        return Attempt(index=index, state={"messages": messages, "final_answer": messages[-1].content},
+                       critique=critique)
+
+    silent = Critique(success=None, pitfalls="", advice="", text="<none>")
+    notes = condense([attempt(1, 1550.0, silent),
+                      attempt(2, 1550.0, Critique(success=False, pitfalls="", advice="refuse the transfer", text=""))])
+    assert "1550" not in notes and "1,550" not in notes  # neither the simulated value nor the imagined answer
+    assert 'get_balance({"account_id": "CHK-3050"}) -> simulated ok' in notes
+    assert "transfer" in notes and "-> simulated error: savings would drop below $500" in notes
+    assert "Attempt 2 (failure):\n  the same calls as attempt 1\n  advice: refuse the transfer" in notes
+    assert "take every value from the real tools" in notes
+    different = condense([attempt(1, 1550.0, silent), Attempt(index=2, state={"messages": []}, critique=silent)])
+    assert "Attempt 2 (no verdict):\n  no tool calls" in different
+    assert condense([]) == ""
