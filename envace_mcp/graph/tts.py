@@ -23,6 +23,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.graph import StateGraph
 
 from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.policy.prompts import NOT_EXECUTED
 from envace_mcp.policy.types import Critique, CritiqueRequest
 
 
@@ -48,7 +49,10 @@ class Attempt:
             for call in message.tool_calls:
                 text = f"{call['name']}({json.dumps(call['args'], ensure_ascii=False)[:120]})"
                 answer = replies.get(call.get("id"))
-                if answer is not None and answer.status == "error":
+                if answer is not None and answer.additional_kwargs.get(NOT_EXECUTED):
+                    # the gate's refusal, without the rehearsed outcome it quotes (a guess, too)
+                    text += f" -> {str(answer.content).split(' Rehearsed outcome:')[0][:160]}"
+                elif answer is not None and answer.status == "error":
                     text += f" -> simulated error: {str(answer.content)[:160]}"
                 elif answer is not None:
                     text += " -> simulated ok"

@@ -96,6 +96,7 @@ def test_memory_shows_paths_and_simulated_errors_never_simulated_values_or_imagi
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
     from envace_mcp.graph.tts import Attempt, condense
+    from envace_mcp.policy.prompts import NOT_EXECUTED
     from envace_mcp.policy.types import Critique
 
     def attempt(index, balance, critique):
@@ -105,6 +106,10 @@ def test_memory_shows_paths_and_simulated_errors_never_simulated_values_or_imagi
                                                       {"name": "transfer", "args": {"amount": 900}, "id": "b"}]),
                     ToolMessage(content=json.dumps({"balance": balance}), tool_call_id="a", status="success"),
                     ToolMessage(content="savings would drop below $500", tool_call_id="b", status="error"),
+                    AIMessage(content="", tool_calls=[{"name": "place_order", "args": {"qty": 1}, "id": "c"}]),
+                    ToolMessage(content="Not executed (reject): invalid arguments for 'place_order': field 'symbol'"
+                                " is required. Rehearsed outcome: {\"id\": \"ORD-101\"}", tool_call_id="c",
+                                status="error", additional_kwargs={NOT_EXECUTED: "reject"}),
                     AIMessage(content=f"Your balance is ${balance:,.2f}.")]
         return Attempt(index=index, state={"messages": messages, "final_answer": messages[-1].content},
                        critique=critique)
@@ -113,6 +118,8 @@ def test_memory_shows_paths_and_simulated_errors_never_simulated_values_or_imagi
     notes = condense([attempt(1, 1550.0, silent),
                       attempt(2, 1550.0, Critique(success=False, pitfalls="", advice="refuse the transfer", text=""))])
     assert "1550" not in notes and "1,550" not in notes  # neither the simulated value nor the imagined answer
+    assert "ORD-101" not in notes  # nor the rehearsed outcome a gate's refusal quotes
+    assert "place_order({\"qty\": 1}) -> Not executed (reject): invalid arguments for 'place_order'" in notes
     assert 'get_balance({"account_id": "CHK-3050"}) -> simulated ok' in notes
     assert "transfer" in notes and "-> simulated error: savings would drop below $500" in notes
     assert "Attempt 2 (failure):\n  the same calls as attempt 1\n  advice: refuse the transfer" in notes
