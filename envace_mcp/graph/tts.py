@@ -5,9 +5,9 @@
 - parallel: N independent imagined runs (simulated mode: every call answered by the rehearse role),
   each followed by a self-critique;
 - sequential: each imagined run sees the earlier attempts and critiques in its memory.
-The attempts are condensed into notes (the calls tried, whether each simulated tool answered ok or
-with an error, the verdict, pitfalls and advice; never a simulated value or an imagined answer) that
-condition the one committed real run, through the act role's
+The attempts are condensed into notes (the calls tried, whether each simulated tool answered ok, with
+an error, or was refused by the gate, the verdict, pitfalls and advice; never a simulated value or an
+imagined answer) that condition the one committed real run, through the act role's
 "# Rehearsal memory" section. N = 2 by default (the paper's best; N = 3 was slightly worse).
 """
 
@@ -36,7 +36,8 @@ class Attempt:
     critique: Critique
 
     def path(self) -> list[str]:
-        """The calls the attempt made, each with how its simulated tool answered: ok, or the error's text.
+        """The calls the attempt made, each with how its simulated tool answered: ok, the error's text
+        (a predicted failure is what rehearsal is for), or the gate's refusal without its rehearsed outcome.
 
         A simulated tool's values are the world model's guesses; they stay out of the memory (with the
         imagined final answer), because the committed run copied them into its answer as if they were
@@ -74,9 +75,9 @@ class Attempt:
 
 
 def condense(attempts: list[Attempt]) -> str:
-    """The rehearsal memory handed to the committed run: each attempt's path (calls, and whether the
-    simulated tool answered ok or with an error), its verdict, pitfalls and advice. No simulated value
-    and no imagined answer: those are guesses, and the real tools are about to answer."""
+    """The rehearsal memory handed to the committed run: each attempt's path (`Attempt.path`), its
+    verdict, pitfalls and advice; an attempt with the same calls as an earlier one says so instead. No
+    simulated value and no imagined answer: those are guesses, and the real tools are about to answer."""
     if not attempts:
         return ""
     head = (f"Before acting you rehearsed this task {len(attempts)} time(s) against simulated tools. "
