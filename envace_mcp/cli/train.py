@@ -40,8 +40,12 @@ def train_sft_command(
     micro_tokens: Annotated[int, typer.Option(min=0, help="with --share-prefix, at most this many packed tokens per pass; 0 = no limit")] = 4096,
     lora_r: Annotated[int, typer.Option(min=1, help="LoRA rank")] = 16,
     adapter: Annotated[Optional[Path], typer.Option(exists=True, file_okay=False, help="continue training this LoRA adapter (its rank; it must have been trained on the runs' prompt formats)")] = None,
+    role: Annotated[Optional[list[str]], typer.Option(help="train only this role's turns: act or rehearse (repeatable; default: both)")] = None,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
+    unknown = sorted(set(role or ()) - {"act", "rehearse"})
+    if unknown:
+        _fail(ValueError(f"--role {', '.join(unknown)}: choose act or rehearse"))
     runs = list(_store(traces).read())  # read once, before anything heavy is imported
     if not runs:
         _fail(ValueError(f"--traces: no recorded runs in {str(traces)!r}"))
@@ -71,7 +75,7 @@ def train_sft_command(
     lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True,
                                dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
     encode, end = target_encoding(tokenizer)
-    rows = sft_rows(runs, encode, end, min_reward=min_reward)
+    rows = sft_rows(runs, encode, end, min_reward=min_reward, roles=tuple(role or ("act", "rehearse")))
     if not rows:
         _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
     config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,17 +15,21 @@ from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.policy.forced import ForcedPolicy
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import Reward, TraceStore, record_run
+from envace_mcp.train.rehearsed import imagined_notes, imagined_paths
 
 
 async def record_reference_traces(model: Any, suite_name: str, out: str | Path, *, split: str = "train",
                                   limit: int | None = None, on_task: Callable[[str, float], None] | None = None,
                                   score: bool = True, own_rehearsals: bool = False,
-                                  sampling: dict[str, Any] | None = None, only: set[str] | None = None) -> int:
+                                  sampling: dict[str, Any] | None = None, only: set[str] | None = None,
+                                  rehearsed: int = 0, seed: int = 0) -> int:
     """Replay each task's reference solution through the graph (real mode, in-process server),
     record it with `model`'s exact tokens and logprobs (`score=False`: tokens only, much faster, enough
     for SFT), attach the checker's score. `own_rehearsals`: the model rehearses each reference call
     itself (greedy unless `sampling` says otherwise) and the trace compares it with the real result —
-    the world model's accuracy on real calls. Returns runs written."""
+    the world model's accuracy on real calls. `rehearsed` > 0: each run starts with the rehearsal memory
+    of that many imagined attempts (`train.rehearsed`, drawn with `seed`), as under test-time rehearsal.
+    Returns runs written."""
     suite = get_suite(suite_name)
     tasks = [t for t in suite.split(split) if only is None or t.id in only]
     tasks = tasks[:limit] if limit else tasks
@@ -32,13 +37,23 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
     graph = create_envace_graph().compile()
     written = 0
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
+        specs = {spec.remote_name: spec for spec in toolbox.catalog.for_server(suite_name)}
         for task in tasks:
+            notes, kinds = None, None
+            if rehearsed:
+                paths = imagined_paths(task, suite, {n: s.input_schema for n, s in specs.items()},
+                                       lambda tool, args: tool in specs and not specs[tool].validator.errors(args),
+                                       n=rehearsed, rng=random.Random(f"{seed}:{task.id}"))
+                notes = await imagined_notes(graph, toolbox, suite, task, model, GateConfig(), paths)
+                kinds = [kind for kind, _ in paths]
             roles = reference_roles(suite, task, rehearse_format=getattr(model, "rehearse_format", "simulator"))
             if own_rehearsals:
                 roles.pop("rehearse", None)
             gate = EVERY_CALL_RUNS if own_rehearsals else GateConfig(rehearse="all")
             episode, state, trace = await forced_run(graph, toolbox, suite, task, ForcedPolicy(model, **roles, score=score),
-                                                     gate, sampling)
+                                                     gate, sampling, notes=notes)
+            if kinds:
+                trace.metadata["imagined"] = kinds
             verdict = suite.check(task, await episode.final_state(toolbox), state.get("final_answer") or "")
             trace.rewards.append(Reward(name="task", value=verdict.score, details=verdict.to_dict()))
             store.append(trace)
@@ -55,12 +70,15 @@ on real calls, and probes (each perturbed call must reach the server)."""
 
 
 async def forced_run(graph: Any, toolbox: Any, suite: Any, task: Any, policy: Any, gate: GateConfig,
-                     sampling: dict[str, Any] | None = None, group_id: str | None = None) -> tuple[Episode, dict[str, Any], Any]:
+                     sampling: dict[str, Any] | None = None, group_id: str | None = None,
+                     notes: str | None = None) -> tuple[Episode, dict[str, Any], Any]:
     """One recorded run of `task` in its own episode on `toolbox` (the suite's in-process server), the
-    agent's roles answered by `policy` (a `ForcedPolicy`): (episode, final state, trace)."""
+    agent's roles answered by `policy` (a `ForcedPolicy`): (episode, final state, trace). `notes`: the
+    rehearsal memory the run starts with (`graph.tts.condense`)."""
     episode = Episode(task, suite.name)
     context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate,
                             instructions=suite.server_module.POLICY, sampling=sampling or {})
-    state, trace = await record_run(graph, {"messages": [HumanMessage(content=task.instruction)]}, context=context,
+    start = {"messages": [HumanMessage(content=task.instruction)], **({"notes": notes} if notes else {})}
+    state, trace = await record_run(graph, start, context=context,
                                     task_id=task.id, suite=suite.name, group_id=group_id or task.id)
     return episode, state, trace
