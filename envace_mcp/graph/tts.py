@@ -74,14 +74,18 @@ class Attempt:
         return "\n".join(lines)
 
 
+HEADING = ("Before acting you rehearsed this task {n} time(s) against simulated tools. "
+           "Their results were guesses, so none are shown: take every value from the real tools.")
+"""The memory's first line (`n`: how many attempts)."""
+
+
 def condense(attempts: list[Attempt]) -> str:
     """The rehearsal memory handed to the committed run: each attempt's path (`Attempt.path`), its
     verdict, pitfalls and advice; an attempt with the same calls as an earlier one says so instead. No
     simulated value and no imagined answer: those are guesses, and the real tools are about to answer."""
     if not attempts:
         return ""
-    head = (f"Before acting you rehearsed this task {len(attempts)} time(s) against simulated tools. "
-            "Their results were guesses, so none are shown: take every value from the real tools.")
+    head = HEADING.format(n=len(attempts))
     seen: dict[tuple[str, ...], int] = {}
     parts = [head]
     for attempt in attempts:

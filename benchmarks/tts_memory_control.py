@@ -1,0 +1,38 @@
+"""The control for test-time rehearsal: the committed run gets a rehearsal memory with no rehearsal behind it.
+
+`envace eval ... --rehearse N` imagines N runs and hands their condensed paths to the committed run. This
+runs the same command with imagination replaced: no imagined run, and the memory is only the heading
+test-time rehearsal writes. Paired against the plain run (`envace compare`), it measures what any memory
+at the start of a run costs an act role (its prompt shift); paired against `--rehearse N`, what the
+imagined paths themselves add. All arguments go to `envace eval` (give `--rehearse N`):
+
+    python benchmarks/tts_memory_control.py --suite bank --split validation --adapter A --rehearse 2 --out evals/control
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import envace_mcp.graph.tts as tts
+
+async def no_imagination(graph: Any, task: str, context: Any, *, n: int = 2, strategy: str = "parallel") -> list[Any]:
+    return [None] * n  # placeholders: `condense` below reads only how many
+
+
+def heading_only(attempts: list[Any]) -> str:
+    return tts.HEADING.format(n=len(attempts)) if attempts else ""
+
+
+def main() -> None:
+    if "--rehearse" not in sys.argv:
+        print("give --rehearse N: the control replaces the N imagined runs", file=sys.stderr)
+        sys.exit(2)
+    tts.imagine, tts.condense = no_imagination, heading_only  # the eval runner imports both at call time
+    from envace_mcp.cli import main as envace
+
+    envace(["eval", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()
