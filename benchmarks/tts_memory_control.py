@@ -16,6 +16,7 @@ from typing import Any
 
 import envace_mcp.graph.tts as tts
 
+
 async def no_imagination(graph: Any, task: str, context: Any, *, n: int = 2, strategy: str = "parallel") -> list[Any]:
     return [None] * n  # placeholders: `condense` below reads only how many
 

@@ -149,6 +149,17 @@ def task_probes(task: Task, results: list[Any], schemas: dict[str, dict[str, Any
     return probes
 
 
+def schema_checks(toolbox: Any, server: str) -> tuple[dict[str, dict[str, Any]], Callable[[str, dict[str, Any]], bool]]:
+    """`server`'s tools as `task_probes` takes them: each tool's input schema by its remote name, and
+    `valid(tool, arguments)`, the tool's own input-schema check."""
+    specs = {spec.remote_name: spec for spec in toolbox.catalog.for_server(server)}
+
+    def valid(tool: str, arguments: dict[str, Any]) -> bool:
+        return tool in specs and not specs[tool].validator.errors(arguments)
+
+    return {name: spec.input_schema for name, spec in specs.items()}, valid
+
+
 @dataclass
 class ProbeSummary:
     """What `record_probe_traces` wrote, and, with `own_rehearsals`, how the world model did on it."""
@@ -208,7 +219,7 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
-    from envace_mcp.train.reference import EVERY_CALL_RUNS, forced_run
+    from envace_mcp.train.forced_runs import EVERY_CALL_RUNS, forced_run
 
     kinds = check_kinds(kinds)
     suite = require_sandbox(get_suite(suite_name))
@@ -218,12 +229,7 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     rehearse_format = getattr(model, "rehearse_format", "simulator")
     summary = ProbeSummary()
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
-        specs = {spec.remote_name: spec for spec in toolbox.catalog.for_server(suite_name)}
-        schemas = {name: spec.input_schema for name, spec in specs.items()}
-
-        def valid(tool: str, arguments: dict[str, Any]) -> bool:
-            return tool in specs and not specs[tool].validator.errors(arguments)
-
+        schemas, valid = schema_checks(toolbox, suite_name)
         for task in tasks:
             actions = list(task.actions)
             results = [suite.reference_result(task, actions[:i], a.tool, dict(a.arguments)) for i, a in enumerate(actions)]

@@ -7,14 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from langchain_core.messages import HumanMessage
-
-from envace_mcp.eval import Episode, get_suite
+from envace_mcp.eval import get_suite
 from envace_mcp.eval.reference import reference_roles
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.graph import GateConfig, create_envace_graph
 from envace_mcp.policy.forced import ForcedPolicy
 from envace_mcp.toolbox import Toolbox
-from envace_mcp.traces import Reward, TraceStore, record_run
+from envace_mcp.traces import Reward, TraceStore
+from envace_mcp.train.forced_runs import EVERY_CALL_RUNS, forced_run
+from envace_mcp.train.probes import schema_checks
 from envace_mcp.train.rehearsed import imagined_notes, imagined_paths
 
 
@@ -37,13 +37,11 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
     graph = create_envace_graph().compile()
     written = 0
     async with Toolbox({suite_name: suite.build_server()}) as toolbox:
-        specs = {spec.remote_name: spec for spec in toolbox.catalog.for_server(suite_name)}
+        schemas, valid = schema_checks(toolbox, suite_name)
         for task in tasks:
             notes, kinds = None, None
             if rehearsed:
-                paths = imagined_paths(task, suite, {n: s.input_schema for n, s in specs.items()},
-                                       lambda tool, args: tool in specs and not specs[tool].validator.errors(args),
-                                       n=rehearsed, rng=random.Random(f"{seed}:{task.id}"))
+                paths = imagined_paths(task, suite, schemas, valid, n=rehearsed, rng=random.Random(f"{seed}:{task.id}"))
                 notes = await imagined_notes(graph, toolbox, suite, task, model, GateConfig(), paths)
                 kinds = [kind for kind, _ in paths]
             roles = reference_roles(suite, task, rehearse_format=getattr(model, "rehearse_format", "simulator"))
@@ -61,24 +59,3 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
             if on_task is not None:
                 on_task(task.id, verdict.score)
     return written
-
-
-EVERY_CALL_RUNS = GateConfig(rehearse="all", feedback_on_predicted_error=False,
-                             block_destructive_on_predicted_failure=False)
-"""Every call is rehearsed and really runs, whatever the rehearsal predicted: measuring the world model
-on real calls, and probes (each perturbed call must reach the server)."""
-
-
-async def forced_run(graph: Any, toolbox: Any, suite: Any, task: Any, policy: Any, gate: GateConfig,
-                     sampling: dict[str, Any] | None = None, group_id: str | None = None,
-                     notes: str | None = None) -> tuple[Episode, dict[str, Any], Any]:
-    """One recorded run of `task` in its own episode on `toolbox` (the suite's in-process server), the
-    agent's roles answered by `policy` (a `ForcedPolicy`): (episode, final state, trace). `notes`: the
-    rehearsal memory the run starts with (`graph.tts.condense`)."""
-    episode = Episode(task, suite.name)
-    context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate,
-                            instructions=suite.server_module.POLICY, sampling=sampling or {})
-    start = {"messages": [HumanMessage(content=task.instruction)], **({"notes": notes} if notes else {})}
-    state, trace = await record_run(graph, start, context=context,
-                                    task_id=task.id, suite=suite.name, group_id=group_id or task.id)
-    return episode, state, trace
