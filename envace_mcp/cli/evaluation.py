@@ -49,6 +49,9 @@ def eval_command(
     rehearse_max_new_tokens: RehearseTokensOpt = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
+    constrain_calls: Annotated[bool, typer.Option(
+        "--constrain-calls", help="decode tool calls under the tools' schemas (names, argument keys, "
+                                  "required arguments, value kinds); transformers models only")] = False,
     compare: Annotated[Optional[str], typer.Option(
         help="a second configuration as changes to this one, e.g. 'rehearse=2' or 'adapter=runs/sft'; "
              "both run on the same tasks and the difference is reported with a 95 % bootstrap interval")] = None,
@@ -69,7 +72,7 @@ def eval_command(
                             adapter=adapter, policy=policy, mode=mode, rehearse=rehearse, strategy=strategy,
                             repeats=repeats, concurrency=concurrency, transport=transport, gate=gate_config,
                             max_new_tokens=max_new_tokens, rehearse_max_new_tokens=rehearse_max_new_tokens,
-                            temperature=temperature, seed=seed)
+                            temperature=temperature, seed=seed, constrain_calls=constrain_calls)
     try:
         configs = [settings] + ([settings.overridden(compare)] if compare else [])
         tasks = select_tasks(target, settings)
@@ -96,7 +99,8 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
 
         with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
             try:
-                policy = load_policy(settings.model, adapter=settings.adapter)
+                policy = load_policy(settings.model, adapter=settings.adapter,
+                                     **({"constrain_calls": True} if settings.constrain_calls else {}))
             except EnvaceError as exc:
                 _fail(exc)
     passed, scores = [0, 0], []

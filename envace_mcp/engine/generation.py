@@ -188,6 +188,8 @@ class Engine:
                     self.stats["abandoned"] += 1
                     row.finish = "abandoned"
                 else:
+                    if row.job.restrict is not None:
+                        row.job.restrict(row.tokens, row.logits)
                     token, logprob = sample(row.logits, row.job.sampling, row.generator)
                     row.tokens.append(token)
                     row.logprobs.append(logprob)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,10 @@ class Job:
     prompt_ids: list[int]
     sampling: SamplingParams
     seed: int
+    restrict: Callable[[list[int], Any], None] | None = field(default=None, compare=False)
+    """Called before each token with the tokens so far and the next token's logits, which it may mask in
+    place (constrained decoding: `policy.constrained.CallConstraint`); the recorded logprob is then the
+    constrained distribution's."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ class EvalSettings:
     tool call: a retail order runs to ~360 tokens, and a rehearsal cut short parses as no prediction."""
     temperature: float = 0.0
     seed: int = 0
+    constrain_calls: bool = False
+    """Decode the act role's tool calls under the tools' schemas (`policy.constrained`)."""
 
     def overridden(self, spec: str) -> EvalSettings:
         """A copy with `key=value,key=value` applied (`--compare rehearse=2`, `--compare adapter=DIR`), each
@@ -86,6 +88,8 @@ class EvalSettings:
         changed = {k: v for k, v in sorted(self.gate.items()) if default.get(k) != v}
         if changed:
             parts.append("gate:" + ",".join(f"{k}={v}" for k, v in changed.items()))
+        if self.constrain_calls:
+            parts.append("constrained")
         return " ".join(parts)
 
 
@@ -108,6 +112,10 @@ def _setting(key: str, hint: Any, raw: str) -> Any:
         if raw not in get_args(hint):
             raise UserError(f"--compare: {key} is one of {', '.join(get_args(hint))}, not {raw!r}")
         return raw
+    if hint is bool:
+        if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise UserError(f"--compare: {key} is true or false, not {raw!r}")
+        return raw.lower() in ("true", "1", "yes")
     try:
         value = hint(raw)
     except ValueError:

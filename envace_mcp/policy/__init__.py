@@ -49,6 +49,11 @@ def load_policy(model: str | None = None, *, adapter: str | None = None, **kwarg
     if model is not None and model.startswith(PREFIX):
         from envace_mcp.policy.vllm import VLLMPolicy
 
+        if kwargs.pop("constrain_calls", False):
+            from envace_mcp.errors import UserError
+
+            raise UserError("constrained tool calls run on the transformers backend; a vLLM server does not take them")
+
         return VLLMPolicy.from_url(model[len(PREFIX):], adapter=adapter, **kwargs)
     from envace_mcp.policy.transformers import TransformersPolicy
 

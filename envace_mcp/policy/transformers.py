@@ -14,6 +14,7 @@ prompt is the act turn's prompt and completion, already in the cache.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,8 @@ import torch
 from envace_mcp.engine.generation import Engine
 from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
+from envace_mcp.policy.constrained import CallConstraint, TokenText
+from envace_mcp.policy.prompts import ChatMessage
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import ToolFormat, adapter_formats
 from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
@@ -40,6 +43,9 @@ class TransformersPolicy(TokenPolicy):
             context with the tool's reply; see `RehearseFormat`).
         seed: seeds the per-request RNG used when a request has no seed of its own.
         max_batch_size, batch_window_s, prefix_cache_tokens, kv_budget_gb: the engine's (see `Engine`).
+        constrain_calls: decode the act role's tool calls under the tools' schemas (`constrained`): known
+            tool names, declared argument keys, required ones present, values of the right kind. For
+            inference; its logprobs are the constrained distribution's, so not for GRPO rollouts.
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class TransformersPolicy(TokenPolicy):
         seed: int = 0,
         prefix_cache_tokens: int = 32768,
         kv_budget_gb: float | Literal["auto"] | None = "auto",
+        constrain_calls: bool = False,
     ) -> None:
         super().__init__(tokenizer, sampling=sampling, role_sampling=role_sampling, enable_thinking=enable_thinking,
                          tool_format=tool_format, rehearse_format=rehearse_format)
@@ -66,6 +73,8 @@ class TransformersPolicy(TokenPolicy):
         self.model = model
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self._rng = random.Random(seed)
+        self.constrain_calls = constrain_calls
+        self._token_text: TokenText | None = None
 
     @classmethod
     def from_pretrained(
@@ -107,6 +116,17 @@ class TransformersPolicy(TokenPolicy):
 
     async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
         return _raw(await self.engine.submit(self.job(prompt_ids, sampling)), prompt_text)
+
+    async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                        sampling: SamplingParams) -> RawCompletion:
+        if role != "act" or not self.constrain_calls or not tools:
+            return await super()._complete(role, chat, tools, sampling)
+        if self._token_text is None:
+            self._token_text = TokenText(self.tokenizer)
+        text = self.render(chat, tools)
+        job = self.job(self.encode(text), sampling)
+        job = dataclasses.replace(job, restrict=CallConstraint(tools, self._token_text).restrict)
+        return _raw(await self.engine.submit(job), text)
 
     # ------------------------------------------------------------------ teacher forcing and scoring
 

@@ -1,0 +1,358 @@
+"""Tool calls held to the tools' schemas while they are decoded (`constrain_calls=True`).
+
+A small model names tools it has and then writes another tool's arguments: the shipped bank adapter
+wrote `place_order(account_id, symbol, to_account_id, amount, memo)` (the `transfer` arguments) on
+every bank validation task that buys or sells, and the gate rejected the call for its missing `side`.
+`CallConstraint` watches the act role's text as it is decoded and, inside a `<tool_call>` JSON block,
+lets through only tokens that keep the call a call the schema accepts so far:
+
+- `"name"`: one of the offered tools' names;
+- `"arguments"` of a known tool: each key one the tool declares (once), a value that starts as its type
+  says (`"` for a string, a digit or `-` for a number, `t`/`f`, `n` where null is allowed, `{`, `[`),
+  a string enum one of its values, and the object closed only once every required key is there.
+
+Outside a `<tool_call>` block, and inside values it does not check (free strings, numbers' digits,
+nested objects), any token goes. This is what OpenAI's strict function calling and vLLM's structured
+outputs do for a whole reply, kept to the call so the model can still answer in plain text.
+
+The logprob recorded for a constrained token is under the constrained distribution (the disallowed
+tokens' mass removed), so a run decoded this way is an inference run: the trainer's recomputation would
+not match it, and GRPO rollouts do not use it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_WHITESPACE = " \t\r\n"
+_FIRST = {"string": '"', "number": "-0123456789", "integer": "-0123456789", "boolean": "tf", "null": "n",
+          "object": "{", "array": "["}
+_NUMBER = set("0123456789+-.eE")
+_LITERALS = ("true", "false", "null")
+CANDIDATES = 64
+"""Tokens checked per step, best first; the rest of the vocabulary is only scanned when none of these fits."""
+
+
+class Violation(Exception):
+    """The text so far cannot be the start of a call the schema accepts."""
+
+
+def _kinds(schema: Any) -> set[str] | None:
+    """The JSON kinds a value of `schema` may be (None: any)."""
+    if not isinstance(schema, dict):
+        return None
+    if "enum" in schema or "const" in schema:
+        values = schema.get("enum", [schema.get("const")])
+        return {_kind_of(v) for v in values}
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            parts = [_kinds(s) for s in schema[key]]
+            return None if any(p is None for p in parts) else set().union(*parts)
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return set(kind)
+    return {"object"} if "properties" in schema else None
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "string")
+
+
+def _enum_strings(schema: Any) -> list[str] | None:
+    """The allowed strings when a string value must be one of an enum's (None: any string)."""
+    if not isinstance(schema, dict):
+        return None
+    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"] if v is not None):
+        return [v for v in schema["enum"] if isinstance(v, str)]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            parts = [_enum_strings(s) for s in schema[key] if "string" in (_kinds(s) or {"string"})]
+            return None if not parts or any(p is None for p in parts) else [v for p in parts for v in p]
+    return None
+
+
+@dataclass
+class _Frame:
+    kind: str  # "object" | "array"
+    role: str  # "call" (a call's object), "args" (its arguments), "other"
+    expect: str = "key"  # object: key | colon | value | comma; array: value | comma
+    key: str | None = None
+    keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _String:
+    allowed: list[str] | None  # the whole string must be one of these (None: any string)
+    is_key: bool
+    text: str = ""
+    escape: bool = False
+
+
+@dataclass
+class _State:
+    mode: str = "text"  # text | json | after (the call's object closed, before </tool_call>)
+    tail: str = ""
+    stack: list[_Frame] = field(default_factory=list)
+    string: _String | None = None
+    literal: str | None = None  # a number, true, false or null being read
+    literal_kind: set[str] | None = None
+    name: str | None = None
+
+
+class CallConstraint:
+    """Masks the logits of one act generation (see the module). `restrict(tokens, logits)` is the engine's
+    hook: `tokens` are those sampled so far, `logits` the next token's, masked in place.
+
+    Args:
+        tools: the act role's `tools=` (`{"type": "function", "function": {name, parameters}}`) or MCP-style
+            `{name, inputSchema}` dicts.
+        token_text: token id -> its text as it appears in the decoded completion (`TokenText`).
+        prefix: text already in the completion before the first sampled token (tests; a prefilled call).
+    """
+
+    def __init__(self, tools: list[dict[str, Any]], token_text: TokenText, prefix: str = "") -> None:
+        self.schemas: dict[str, dict[str, Any]] = {}
+        for tool in tools:
+            fn = tool.get("function", tool)
+            schema = fn.get("parameters", fn.get("inputSchema")) or {}
+            self.schemas[fn["name"]] = schema if isinstance(schema, dict) else {}
+        self.token_text = token_text
+        self.state = _State()
+        self.fed = 0
+        self.stats = {"steps": 0, "masked": 0, "scans": 0}
+        self._feed(self.state, prefix)
+
+    # ------------------------------------------------------------------ the engine's hook
+
+    def restrict(self, tokens: list[int], logits: torch.Tensor) -> None:
+        for token in tokens[self.fed:]:
+            try:
+                self._feed(self.state, self.token_text(token))
+            except Violation:  # only an unconstrained fallback gets here; stop checking this call
+                self.state = _State(mode="after")
+        self.fed = len(tokens)
+        if self.state.mode != "json":
+            return
+        self.stats["steps"] += 1
+        order = torch.topk(logits, min(CANDIDATES, logits.numel())).indices.tolist()
+        allowed = [t for t in order if self._fits(t)]
+        if not allowed:  # none of the likeliest fits: scan the vocabulary (rare)
+            self.stats["scans"] += 1
+            finite = torch.isfinite(logits).nonzero().flatten().tolist()
+            allowed = [t for t in finite if t not in order and self._fits(t)]
+            if not allowed:  # nothing can continue this call: leave the model to it (the gate checks the call)
+                return
+        keep = torch.full_like(logits, float("-inf"))
+        index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+        keep[index] = logits[index]
+        if len(allowed) < len(order):
+            self.stats["masked"] += 1
+        logits.copy_(keep)
+
+    def _fits(self, token: int) -> bool:
+        text = self.token_text(token)
+        if not text:
+            return False
+        try:
+            self._feed(copy.deepcopy(self.state), text)
+        except Violation:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ the scanner
+
+    def _feed(self, state: _State, text: str) -> None:
+        for char in text:
+            self._char(state, char)
+
+    def _char(self, state: _State, c: str) -> None:
+        if state.mode != "json":
+            state.tail = (state.tail + c)[-len(CLOSE):]
+            if state.mode == "text" and state.tail.endswith(OPEN):
+                state.mode, state.stack, state.name = "json", [], None
+            elif state.mode == "after" and state.tail.endswith(CLOSE):
+                state.mode = "text"
+            return
+        if state.string is not None:
+            self._string_char(state, c)
+            return
+        if state.literal is not None:
+            if c in _NUMBER or c.isalpha():
+                self._literal(state, state.literal + c, final=False)
+                return
+            self._literal(state, state.literal, final=True)
+            state.literal = None
+            self._value_done(state)
+        if c in _WHITESPACE:
+            return
+        if not state.stack:
+            if c != "{":
+                raise Violation("a call is a JSON object")
+            state.stack.append(_Frame("object", "call"))
+            return
+        frame = state.stack[-1]
+        if frame.expect == "key" and frame.kind == "object":
+            if c == '"':
+                state.string = _String(self._unused(state, frame), is_key=True)
+            elif c == "}" and not frame.keys:
+                self._close(state)
+            else:
+                raise Violation(f"expected a key, got {c!r}")
+        elif frame.expect == "colon":
+            if c != ":":
+                raise Violation(f"expected ':', got {c!r}")
+            frame.expect = "value"
+        elif frame.expect == "value":
+            if frame.kind == "array" and c == "]" and not frame.keys:
+                self._close(state)
+                return
+            self._start_value(state, frame, c)
+        elif frame.expect == "comma":
+            closer = "}" if frame.kind == "object" else "]"
+            if c == ",":
+                if frame.kind == "object":
+                    if self._unused(state, frame) == []:
+                        raise Violation("every argument the tool declares is written")
+                    frame.expect = "key"
+                else:
+                    frame.expect = "value"
+            elif c == closer:
+                self._close(state)
+            else:
+                raise Violation(f"expected ',' or {closer!r}, got {c!r}")
+
+    def _string_char(self, state: _State, c: str) -> None:
+        s = state.string
+        assert s is not None
+        if s.escape:
+            s.escape = False
+            s.text += "\\" + c
+        elif c == "\\":
+            if s.allowed is not None:
+                raise Violation("no escapes in a name, a key or an enum value")
+            s.escape = True
+            return
+        elif c == '"':
+            if s.allowed is not None and s.text not in s.allowed:
+                raise Violation(f"{s.text!r} is not one of {s.allowed}")
+            state.string = None
+            frame = state.stack[-1]
+            if s.is_key:
+                frame.key = s.text
+                frame.keys.append(s.text)
+                frame.expect = "colon"
+            else:
+                if frame.role == "call" and frame.key == "name":
+                    state.name = s.text
+                self._value_done(state)
+            return
+        else:
+            s.text += c
+        if s.allowed is not None and not any(a.startswith(s.text) for a in s.allowed):
+            raise Violation(f"{s.text!r} starts none of {s.allowed}")
+
+    def _start_value(self, state: _State, frame: _Frame, c: str) -> None:
+        schema = self._value_schema(state, frame)
+        kinds = _kinds(schema) if schema is not None else None
+        if frame.role == "call" and frame.key == "name":
+            kinds = {"string"}
+        if kinds is not None:
+            firsts = "".join(_FIRST.get(k, "") for k in kinds)
+            if c not in firsts:
+                raise Violation(f"a value of kind {sorted(kinds)} cannot start with {c!r}")
+        if frame.kind == "array":
+            frame.keys.append("")  # counts items, so ']' after a ',' is refused
+        if c == '"':
+            allowed = list(self.schemas) if frame.role == "call" and frame.key == "name" else _enum_strings(schema)
+            state.string = _String(allowed, is_key=False)
+        elif c == "{":
+            role = "args" if frame.role == "call" and frame.key == "arguments" else "other"
+            state.stack.append(_Frame("object", role))
+        elif c == "[":
+            state.stack.append(_Frame("array", "other", expect="value"))
+        elif c in _NUMBER or c.isalpha():
+            state.literal_kind = kinds
+            self._literal(state, c, final=False)
+        else:
+            raise Violation(f"no JSON value starts with {c!r}")
+
+    def _literal(self, state: _State, text: str, *, final: bool) -> None:
+        kinds = state.literal_kind
+        if text[0].isalpha():
+            if not any(word.startswith(text) for word in _LITERALS) or (final and text not in _LITERALS):
+                raise Violation(f"{text!r} is not true, false or null")
+        elif any(ch.isalpha() and ch not in "eE" for ch in text):
+            raise Violation(f"{text!r} is not a number")
+        elif kinds is not None and "number" not in kinds and "integer" in kinds and any(ch in ".eE" for ch in text):
+            raise Violation(f"{text!r} is not an integer")
+        state.literal = text
+
+    def _value_done(self, state: _State) -> None:
+        frame = state.stack[-1]
+        frame.expect = "comma"
+
+    def _close(self, state: _State) -> None:
+        frame = state.stack[-1]
+        if frame.role == "args":
+            schema = self.schemas.get(state.name or "")
+            missing = [k for k in (schema or {}).get("required") or [] if k not in frame.keys]
+            if schema is not None and missing:
+                raise Violation(f"required argument(s) missing: {', '.join(missing)}")
+        state.stack.pop()
+        if state.stack:
+            self._value_done(state)
+        else:
+            state.mode, state.tail = "after", ""
+
+    def _args_schema(self, state: _State) -> dict[str, Any] | None:
+        return self.schemas.get(state.name) if state.name is not None else None
+
+    def _unused(self, state: _State, frame: _Frame) -> list[str] | None:
+        """Keys an `args` object may still take (None: any key)."""
+        if frame.role != "args":
+            return None
+        props = (self._args_schema(state) or {}).get("properties")
+        if not props:
+            return None
+        return [k for k in props if k not in frame.keys]
+
+    def _value_schema(self, state: _State, frame: _Frame) -> Any:
+        if frame.role != "args":
+            return None
+        props = (self._args_schema(state) or {}).get("properties") or {}
+        return props.get(frame.key)
+
+
+class TokenText:
+    """Token id -> the text it adds to a decoded completion, decoded once per id and kept.
+
+    Decoding one id alone drops a leading space under SentencePiece tokenizers, so each id is decoded
+    after an anchor token and the anchor's text cut off."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._anchor = tokenizer("a", add_special_tokens=False)["input_ids"][:1]
+        self._anchor_text = tokenizer.decode(self._anchor, skip_special_tokens=False)
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            full = self.tokenizer.decode(self._anchor + [token], skip_special_tokens=False)
+            text = full[len(self._anchor_text):] if full.startswith(self._anchor_text) else \
+                self.tokenizer.decode([token], skip_special_tokens=False)
+            self._texts[token] = text
+        return text
