@@ -24,7 +24,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from typing_extensions import NotRequired, TypedDict
 
-from envace_mcp.graph.gate import Decision, GateConfig, Mode, decide, should_rehearse
+from envace_mcp.graph.gate import Decision, Evidence, GateConfig, Mode, decide, should_rehearse
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.fidelity import compare
 from envace_mcp.policy.prompts import NOT_EXECUTED, tool_call_text
@@ -168,11 +168,17 @@ async def rehearse(
     return done, out
 
 
-def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: int = 0) -> list[Proposal]:
-    """The gate's decision for each call; calls it would run count against the real-call budget in order."""
+def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: int = 0,
+         messages: list[AnyMessage] | None = None, specs: Mapping[str, ToolSpec] | None = None) -> list[Proposal]:
+    """The gate's decision for each call; calls it would run count against the real-call budget in order.
+    `messages` (the conversation so far) and `specs` feed the evidence rules (`gate.Evidence`)."""
+    evidence = None
+    if messages is not None and (config.block_repeated_failures or config.block_ungrounded_arguments):
+        evidence = Evidence.of(messages, {name: s.annotations.read_only for name, s in (specs or {}).items()})
     out = []
     for p in items:
-        decision = decide(p.call, p.spec, p.prediction, mode=mode, config=config, real_calls=real_calls)
+        decision = decide(p.call, p.spec, p.prediction, mode=mode, config=config, real_calls=real_calls,
+                          evidence=evidence)
         real_calls += decision.action in ("execute", "ask")
         out.append(replace(p, decision=decision))
     return out

@@ -107,7 +107,8 @@ class ToolCallRehearsal:
             if generation is not None:
                 emit(request.runtime, "rehearse", generation, call_id=call.id)
         real_calls = sum(r.get("real") is not None for r in records)
-        return calls.gate([p], mode=self.mode, config=self.gate, real_calls=real_calls)[0]
+        return calls.gate([p], mode=self.mode, config=self.gate, real_calls=real_calls,
+                          messages=self._messages(request.state), specs=self.specs)[0]
 
     # ------------------------------------------------------------------ the hooks
 

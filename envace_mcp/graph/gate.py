@@ -3,13 +3,15 @@
 The gate is code, not text: nothing a tool returns or a model writes can change these rules.
 
     should_rehearse(spec, mode, config)                          -> bool
-    decide(call, spec, prediction, mode=, config=, real_calls=)  -> Decision
+    decide(call, spec, prediction, mode=, config=, real_calls=, evidence=)  -> Decision
 
 Decisions, in the order they are checked:
 1. `reject`   — unknown tool or arguments violating its input schema (answered without any server);
 2. `simulate` — simulated mode, or a non-read-only tool in mixed mode: the prediction is the answer;
 3. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error), or,
-   with `block_destructive_on_unusable_rehearsal`, could not be read: not executed unless
+   with `block_destructive_on_unusable_rehearsal`, could not be read; or, by the run's own evidence
+   (`Evidence`, no model involved), one the real server already refused (`block_repeated_failures`)
+   or one with an identifier nobody wrote (`block_ungrounded_arguments`): not executed unless
    `approve_blocked` routes it to a human (`ask`);
 4. `feedback` — the rehearsal predicts an error for any other tool (or blocking is off): not executed,
    the prediction goes back to the agent so it can revise;
@@ -21,6 +23,8 @@ Decisions, in the order they are checked:
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -54,6 +58,15 @@ class GateConfig:
     no parseable reply, or one that breaks the tool's output schema), as if it predicted a failure. Off by
     default: an untrained world model's rehearsals are mostly unusable, and every write would stop. With
     the shipped bank adapter 85 % of such calls failed on bank test (61 of 72; docs/evidence.md)."""
+    block_repeated_failures: bool = False
+    """Block a destructive call identical (tool and arguments) to one the real server refused earlier in
+    the run, when no write has succeeded since: the environment has already answered it. On the shipped
+    bank adapter's runs the same failing order was sent up to 7 times in one task (docs/evidence.md)."""
+    block_ungrounded_arguments: bool = False
+    """Block a destructive call with an identifier-like string argument (no spaces, not an enum) that
+    appears nowhere in the user's messages or in the replies of calls that ran: an account, order or
+    symbol the model made up or mistyped. The calls it stops are those a world model must otherwise
+    recognise from ids alone, which the embedded 135M model does not."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "destructive", "always"] = "never"
@@ -124,6 +137,91 @@ def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """What a run has seen, for the gate's evidence rules: `text`, the user's messages and the replies of
+    calls that ran without error; `refused`, the calls (`call_key`) the real server refused since the
+    last write that succeeded. Built from the conversation by `Evidence.of`."""
+
+    text: str = ""
+    refused: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, messages: list[Any], read_only: dict[str, bool] | None = None) -> Evidence:
+        """From LangChain messages. `read_only`: tool name -> its annotation; a tool missing from it counts
+        as one that writes, so its success clears `refused`. Replies the gate gave instead of a tool
+        (`prompts.NOT_EXECUTED`) are not evidence of anything."""
+        from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+        from envace_mcp.policy.prompts import NOT_EXECUTED
+
+        texts: list[str] = []
+        refused: set[str] = set()
+        keys: dict[str, tuple[str, str]] = {}
+        for message in messages:
+            if isinstance(message, HumanMessage):
+                texts.append(_text(message.content))
+            elif isinstance(message, AIMessage):
+                keys.update({c["id"]: (c["name"], call_key(c["name"], c["args"])) for c in message.tool_calls if c.get("id")})
+            elif isinstance(message, ToolMessage) and not message.additional_kwargs.get(NOT_EXECUTED):
+                name, key = keys.get(message.tool_call_id, (message.name or "", ""))
+                if message.status == "error":
+                    refused.add(key)
+                    continue
+                texts.append(_text(message.content))
+                if not (read_only or {}).get(name, False):
+                    refused.clear()
+        refused.discard("")
+        return cls("\n".join(texts), frozenset(refused))
+
+    def grounded(self, value: str) -> bool:
+        """Whether `value` occurs in `text` as a whole token (`BRK-1` is not found inside `BRK-1549`)."""
+        return re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", self.text) is not None
+
+
+def call_key(name: str, arguments: Any) -> str:
+    return name + json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
+def _text(content: Any) -> str:
+    """A message's text, with a JSON reply's strings also written unescaped (ids with non-ASCII letters)."""
+    if isinstance(content, list):
+        content = "\n".join(str(b.get("text", "")) if isinstance(b, dict) else str(b) for b in content)
+    text = str(content)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return text + "\n" + json.dumps(value, ensure_ascii=False)
+
+
+def _identifiers(arguments: dict[str, Any], schema: dict[str, Any]) -> list[tuple[str, str]]:
+    """(argument, value) for each identifier-like string: no whitespace, not an enum or const (a list's
+    strings included)."""
+    props = schema.get("properties") or {}
+    out = []
+    for key, value in arguments.items():
+        prop = props.get(key) or {}
+        if not isinstance(prop, dict) or "enum" in prop or "const" in prop or any(
+                isinstance(s, dict) and ("enum" in s or "const" in s) for s in prop.get("anyOf", [])):
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item and not any(ch.isspace() for ch in item):
+                out.append((key, item))
+    return out
+
+
+def objection(call: ToolCall, spec: ToolSpec, evidence: Evidence, config: GateConfig) -> str | None:
+    """Why the run's own evidence says a destructive call should not run (None: it does not)."""
+    if config.block_repeated_failures and call_key(call.name, call.arguments) in evidence.refused:
+        return "the server refused this exact call earlier in this run, and no write has succeeded since"
+    if config.block_ungrounded_arguments:
+        for key, value in _identifiers(call.arguments, spec.input_schema):
+            if not evidence.grounded(value):
+                return f"{key}={value!r} appears nowhere in the user's messages or in any tool's reply"
+    return None
+
+
+@dataclass(frozen=True)
 class Decision:
     action: Action
     reason: str
@@ -160,8 +258,10 @@ def decide(
     mode: Mode,
     config: GateConfig,
     real_calls: int = 0,
+    evidence: Evidence | None = None,
 ) -> Decision:
-    """What happens to one proposed call. Pure: same inputs, same decision."""
+    """What happens to one proposed call. Pure: same inputs, same decision. `evidence`: what the run has
+    seen (`Evidence.of(messages)`), for the evidence rules; None skips them."""
     if spec is None:
         return Decision("reject", f"unknown tool '{call.name}'")
     problems = spec.validator.errors(call.arguments)
@@ -175,6 +275,11 @@ def decide(
     failing = predicted and (confidence is None or confidence >= config.min_failure_confidence)
     sure = f" (confidence {confidence:.2f})" if confidence is not None else ""
     unusable = prediction is not None and prediction.status == "invalid"
+    seen = objection(call, spec, evidence, config) if evidence is not None and spec.annotations.destructive else None
+    if seen:
+        if config.approve_blocked:
+            return Decision("ask", f"destructive call blocked ({seen}); a human may approve it")
+        return Decision("block", f"destructive call blocked: {seen}")
     if spec.annotations.destructive and ((failing and config.block_destructive_on_predicted_failure)
                                          or (unusable and config.block_destructive_on_unusable_rehearsal)):
         why = (f"rehearsal unusable ({prediction.code}), failing closed" if unusable else

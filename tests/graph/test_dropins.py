@@ -319,3 +319,33 @@ def test_the_agents_model_sees_rehearsal_memory_as_the_graphs_act_prompt_does(ba
     memory = seen[1].messages[-1]
     assert memory.content.startswith(MEMORY_HEADER) and "transfer" in memory.content and "block" in memory.content
     assert not any(str(m.content).startswith(MEMORY_HEADER) for m in out["messages"])  # never stored in the conversation
+
+
+async def test_the_middlewares_gate_reads_the_agents_own_conversation_for_its_evidence_rules(bank):
+    """In a create_agent agent the evidence rules see the agent's messages: a made-up account and a refused
+    transfer sent again are blocked before the server, though every rehearsal said they would succeed."""
+    from langchain.agents import create_agent
+
+    from envace_mcp.graph import GateConfig
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+
+    suite, task = bank
+    mine, _ = small_transfer(task)
+    made_up = {"from_account_id": "CHK-0000", "to_account_id": mine["savings"], "amount": 1.0}
+    too_much = {"from_account_id": mine["checking"], "to_account_id": mine["savings"], "amount": 10_000_000.0}
+    turns = [AIMessage(content="", tool_calls=[{"name": "transfer", "args": args, "id": f"t{i}"}])
+             for i, args in enumerate((made_up, too_much, too_much))]
+    model = ToolCallingFake(messages=iter([*turns, AIMessage(content="I could not move it.")]))
+    policy = ScriptedPolicy(rehearse=[ok(made_up), ok(too_much), ok(too_much)])
+    gate = GateConfig(block_ungrounded_arguments=True, block_repeated_failures=True)
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        agent = create_agent(model, tools=toolbox.langchain_tools(meta=episode.meta),
+                             middleware=[RehearsalMiddleware(policy, gate=gate)])
+        out = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]})
+        assert await episode.final_state(toolbox) == task.initial_state
+    policy.assert_complete()
+    records = [m.additional_kwargs["envace_rehearsal"] for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [r["decision"] for r in records] == ["block", "execute", "block"]
+    assert "'CHK-0000' appears nowhere" in records[0]["reason"] and "refused this exact call" in records[2]["reason"]
+    assert records[1]["real"]["is_error"] is True

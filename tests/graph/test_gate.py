@@ -142,3 +142,56 @@ def test_gate_settings_take_what_json_gives_and_a_bad_one_says_what_its_field_ta
             gate_settings(bad, "here")
     with pytest.raises(UserError, match="here: may set only rehearse, not 'max_steps'"):
         gate_settings({"max_steps": 3}, "here", allowed=("rehearse",))
+
+
+def test_the_runs_evidence_is_what_the_user_wrote_and_what_ran_without_error():
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from envace_mcp.graph.gate import Evidence, call_key
+    from envace_mcp.policy.prompts import NOT_EXECUTED
+
+    def ai(i, name, **args):
+        return AIMessage(content="", tool_calls=[{"id": i, "name": name, "args": args}])
+
+    messages = [HumanMessage(content="Move $5 from CHK-1 to SAV-2."),
+                ai("a", "get_balance", account_id="CHK-1"),
+                ToolMessage(content='{"account_id": "CHK-1", "owner": "Zo\\u00eb", "positions": ["BRK-15"]}', tool_call_id="a"),
+                ai("b", "transfer", from_account_id="CHK-1", to_account_id="SAV-9", amount=5),
+                ToolMessage(content="Unknown account 'SAV-9'", tool_call_id="b", status="error"),
+                ai("c", "transfer", from_account_id="CHK-1", to_account_id="SAV-7", amount=5),
+                ToolMessage(content="Not executed (block): SAV-7 ...", tool_call_id="c", status="error",
+                            additional_kwargs={NOT_EXECUTED: "block"})]
+    seen = Evidence.of(messages, {"get_balance": True, "transfer": False})
+    assert [seen.grounded(v) for v in ("CHK-1", "SAV-2", "BRK-15", "Zoë")] == [True] * 4
+    assert [seen.grounded(v) for v in ("SAV-9", "SAV-7", "BRK-1", "CHK")] == [False] * 4  # errors, refusals, parts
+    assert seen.refused == {call_key("transfer", {"from_account_id": "CHK-1", "to_account_id": "SAV-9", "amount": 5})}
+    wrote = messages + [ai("d", "transfer", from_account_id="CHK-1", to_account_id="SAV-2", amount=1),
+                        ToolMessage(content='{"transfer_id": "T-1"}', tool_call_id="d")]
+    assert Evidence.of(wrote, {"get_balance": True, "transfer": False}).refused == frozenset()  # a write ran: retry allowed
+    read = messages + [ai("e", "get_balance", account_id="SAV-2"), ToolMessage(content="{}", tool_call_id="e")]
+    assert Evidence.of(read, {"get_balance": True, "transfer": False}).refused == seen.refused  # a read changes nothing
+
+
+def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_asked():
+    from envace_mcp.graph.gate import Evidence, call_key
+
+    schema = {"type": "object", "properties": {"account_id": {"type": "string"}, "side": {"enum": ["buy", "sell"]},
+                                               "memo": {"type": "string"}, "ids": {"type": "array"}}}
+    order = ToolSpec.create(remote_name="place_order", server="bank", description="", input_schema=schema,
+                            output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+    seen = Evidence(text="Buy for BRK-1 please", refused=frozenset({call_key("place_order", {"account_id": "BRK-1"})}))
+    rules = {"block_ungrounded_arguments": True, "block_repeated_failures": True}
+
+    def decide_(arguments, spec=order, **config):
+        call = ToolCall(id="1", name=spec.name, arguments=arguments)
+        return decide(call, spec, FINE, mode="real", config=GateConfig(**config), evidence=seen)
+
+    assert decide_({"account_id": "BRK-1", "side": "sell", "memo": "for my niece"}, **rules).action == "execute"
+    assert decide_({"account_id": "BRK-1"}, **rules).reason.endswith("no write has succeeded since")
+    assert decide_({"account_id": "BRK-2"}, **rules).reason.endswith("'BRK-2' appears nowhere in the user's messages or in any tool's reply")
+    assert decide_({"account_id": "BRK-1", "ids": ["BRK-1", "X-9"]}, **rules).reason.startswith("destructive call blocked: ids='X-9'")
+    assert decide_({"account_id": "BRK-2"}).action == "execute"  # off by default
+    assert decide_({"account_id": "BRK-2"}, approve_blocked=True, **rules).action == "ask"
+    read = ToolSpec.create(remote_name="place_order", server="bank", description="", input_schema=schema,
+                           output_schema=None, annotations=ToolAnnotations.from_hints({"readOnlyHint": True}))
+    assert decide_({"account_id": "BRK-2"}, spec=read, **rules).action == "execute"  # reads are never blocked

@@ -302,3 +302,38 @@ async def test_an_unreadable_tool_call_gets_a_format_reminder_and_another_turn(b
         out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task)
     assert out["final_answer"] == "Fine, no tools."
     assert any(isinstance(m, HumanMessage) and "could not be read" in m.content for m in out["messages"])
+
+
+async def test_the_runs_own_evidence_blocks_made_up_ids_and_a_refused_call_sent_again(bank):
+    """`block_ungrounded_arguments` and `block_repeated_failures`: an account nobody wrote and a transfer
+    the server already refused are blocked before the server, even though every rehearsal raised no
+    objection; with the default gate all three calls reach it."""
+    from envace_mcp.policy import Prediction
+    from envace_mcp.traces import record_run
+
+    suite, task = bank
+    mine = ids(task)
+    made_up = {"from_account_id": "CHK-0000", "to_account_id": mine["savings"], "amount": 5.0}
+    too_much = {"from_account_id": mine["checking"], "to_account_id": mine["savings"], "amount": 10_000_000.0}
+    assert mine["checking"] in task.instruction and "CHK-0000" not in task.instruction
+    runs = []
+    for on in (False, True):
+        fine = [Prediction(tool="transfer", status="result", result={"ok": True}) for _ in range(3)]
+        policy = ScriptedPolicy(act=[call("transfer", **made_up), call("transfer", **too_much),
+                                     call("transfer", **too_much), "Done."], rehearse=fine)
+        gate = GateConfig(block_ungrounded_arguments=on, block_repeated_failures=on)
+        async with Toolbox({"bank": suite.build_server()}) as toolbox:
+            episode = Episode(task, "bank")
+            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate)
+            out, trace = await record_run(create_envace_graph().compile(),
+                                          {"messages": [HumanMessage(content=task.instruction)]}, context=context)
+            assert await episode.final_state(toolbox) == task.initial_state  # nothing ran that changed anything
+        policy.assert_complete()
+        runs.append(([r["decision"] for r in out["rehearsals"]], [s.reason for s in trace.steps if s.role == "gate"],
+                     out["real_calls"]))
+    assert runs[0][0] == ["execute", "execute", "execute"] and runs[0][2] == 3
+    decisions, reasons, real = runs[1]
+    assert decisions == ["block", "execute", "block"] and real == 1
+    assert reasons[0] == "destructive call blocked: from_account_id='CHK-0000' appears nowhere in the user's messages or in any tool's reply"
+    assert reasons[2] == ("destructive call blocked: the server refused this exact call earlier in this run, "
+                          "and no write has succeeded since")

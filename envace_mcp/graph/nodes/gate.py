@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 from langgraph.types import Send
 
@@ -19,9 +20,16 @@ def gate(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
     specs = {s.name: s for s in ctx.catalog()}
     records = {r["call_id"]: r for r in state.get("rehearsals", [])}
     proposed = [calls.Proposal.from_record(c, specs.get(c.name), records.get(c.id, {})) for c in calls.tool_calls(message)]
-    decided = calls.gate(proposed, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0))
+    decided = calls.gate(proposed, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0),
+                         messages=_with_task(state), specs=specs)
     return {"rehearsals": [{"call_id": p.call.id, "decision": p.decision.action, "reason": p.decision.reason}
                            for p in decided if p.decision is not None]}
+
+
+def _with_task(state: EnvaceState) -> list[Any]:
+    """The conversation, led by the task when the state holds it apart (the evidence rules read it)."""
+    task = state.get("task")
+    return ([HumanMessage(content=task)] if task else []) + list(state["messages"])
 
 
 def route_calls(state: EnvaceState) -> list[Send]:
