@@ -22,7 +22,6 @@ not match it, and GRPO rollouts do not use it.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +110,13 @@ class _State:
     literal_kind: set[str] | None = None
     name: str | None = None
 
+    def clone(self) -> _State:
+        """A copy to try a token on (deepcopy costs ~10x more, and 64 tries run per decoding step)."""
+        string = self.string
+        return _State(self.mode, self.tail, [_Frame(f.kind, f.role, f.expect, f.key, list(f.keys)) for f in self.stack],
+                      None if string is None else _String(string.allowed, string.is_key, string.text, string.escape),
+                      self.literal, self.literal_kind, self.name)
+
 
 class CallConstraint:
     """Masks the logits of one act generation (see the module). `restrict(tokens, logits)` is the engine's
@@ -167,7 +173,7 @@ class CallConstraint:
         if not text:
             return False
         try:
-            self._feed(copy.deepcopy(self.state), text)
+            self._feed(self.state.clone(), text)
         except Violation:
             return False
         return True
