@@ -63,10 +63,11 @@ class GateConfig:
     the run, when no write has succeeded since: the environment has already answered it. On the shipped
     bank adapter's runs the same failing order was sent up to 7 times in one task (docs/evidence.md)."""
     block_ungrounded_arguments: bool = False
-    """Block a destructive call with an identifier-like string argument (no spaces, not an enum) that
-    appears nowhere in the user's messages or in the replies of calls that ran: an account, order or
-    symbol the model made up or mistyped. The calls it stops are those a world model must otherwise
-    recognise from ids alone, which the embedded 135M model does not."""
+    """Block a destructive call with an identifier-like string argument (no spaces, not an enum; declared
+    by the tool or not) that appears, as a whole token, nowhere in the user's messages or in the replies
+    of calls that ran without error: an account, order or symbol the model made up or mistyped. The calls
+    it stops are those a world model must otherwise recognise from ids alone, which the embedded 135M
+    model does not."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "destructive", "always"] = "never"

@@ -2,7 +2,7 @@
 
 A small model names tools it has and then writes another tool's arguments: the shipped bank adapter
 wrote `place_order(account_id, symbol, to_account_id, amount, memo)` (the `transfer` arguments) on
-every bank validation task that buys or sells, and the gate rejected the call for its missing `side`.
+5 of the 6 bank validation tasks that buy or sell, and the gate rejected the call for its missing `side`.
 `CallConstraint` watches the act role's text as it is decoded and, inside a `<tool_call>` JSON block,
 lets through only tokens that keep the call a call the schema accepts so far:
 
