@@ -134,6 +134,8 @@ def run_command(
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     seed: int = 0,
     traces: TracesOut = None,
+    constrain_calls: Annotated[bool, typer.Option(
+        "--constrain-calls", help="decode tool calls under the tools' schemas (transformers models only)")] = False,
 ) -> None:
     """Run the EnvACE agent on a task of your own against your MCP servers.
 
@@ -142,10 +144,11 @@ def run_command(
     terminal; --yes approves); the run ends with a summary."""
     gate_config, adapter_folder = _agent_gate(gate, model, adapter)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, strategy, gate_config,
-              _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes)
+              _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes, constrain_calls)
 
 
-async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes) -> None:  # noqa: ANN001
+async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes,  # noqa: ANN001
+               constrain_calls=False) -> None:
     from langchain_core.messages import HumanMessage
 
     from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
@@ -156,7 +159,7 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=adapter)
+            policy = load_policy(model, adapter=adapter, **({"constrain_calls": True} if constrain_calls else {}))
         except EnvaceError as exc:
             _fail(exc)
     try:
