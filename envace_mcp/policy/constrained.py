@@ -158,7 +158,8 @@ class CallConstraint:
         if not allowed:  # none of the likeliest fits: scan the vocabulary (rare)
             self.stats["scans"] += 1
             finite = torch.isfinite(logits).nonzero().flatten().tolist()
-            allowed = [t for t in finite if t not in order and self._fits(t)]
+            tried = set(order)
+            allowed = [t for t in finite if t not in tried and self._fits(t)]
             if not allowed:  # nothing can continue this call: leave the model to it (the gate checks the call)
                 return
         keep = torch.full_like(logits, float("-inf"))

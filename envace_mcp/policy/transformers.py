@@ -14,7 +14,6 @@ prompt is the act turn's prompt and completion, already in the cache.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -110,9 +109,11 @@ class TransformersPolicy(TokenPolicy):
     def eos_ids(self) -> set[int]:
         return self.engine.eos_ids
 
-    def job(self, prompt_ids: list[int], sampling: SamplingParams) -> Job:
-        """An engine job for `prompt_ids`, seeded by the request or by this policy's own seeded RNG."""
-        return Job(prompt_ids, sampling, sampling.seed if sampling.seed is not None else self._rng.randrange(2**63))
+    def job(self, prompt_ids: list[int], sampling: SamplingParams, restrict: Any = None) -> Job:
+        """An engine job for `prompt_ids`, seeded by the request or by this policy's own seeded RNG
+        (`restrict`: the engine's logits hook, see `Job`)."""
+        return Job(prompt_ids, sampling, sampling.seed if sampling.seed is not None else self._rng.randrange(2**63),
+                   restrict=restrict)
 
     async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
         return _raw(await self.engine.submit(self.job(prompt_ids, sampling)), prompt_text)
@@ -124,8 +125,7 @@ class TransformersPolicy(TokenPolicy):
         if self._token_text is None:
             self._token_text = TokenText(self.tokenizer)
         text = self.render(chat, tools)
-        job = self.job(self.encode(text), sampling)
-        job = dataclasses.replace(job, restrict=CallConstraint(tools, self._token_text).restrict)
+        job = self.job(self.encode(text), sampling, restrict=CallConstraint(tools, self._token_text).restrict)
         return _raw(await self.engine.submit(job), text)
 
     # ------------------------------------------------------------------ teacher forcing and scoring
