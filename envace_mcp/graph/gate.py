@@ -175,8 +175,10 @@ class Evidence:
         return cls("\n".join(texts), frozenset(refused))
 
     def grounded(self, value: str) -> bool:
-        """Whether `value` occurs in `text` as a whole token (`BRK-1` is not found inside `BRK-1549`)."""
-        return re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", self.text) is not None
+        """Whether `value` occurs in `text` as a whole token (`BRK-1` is not found inside `BRK-1549`), in any
+        case: a user who writes "aapl" and a model that writes "AAPL" name the same ticker, and servers that
+        care about case reject the wrong one themselves."""
+        return re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", self.text, re.IGNORECASE) is not None
 
 
 def call_key(name: str, arguments: Any) -> str:

@@ -162,7 +162,7 @@ def test_the_runs_evidence_is_what_the_user_wrote_and_what_ran_without_error():
                 ToolMessage(content="Not executed (block): SAV-7 ...", tool_call_id="c", status="error",
                             additional_kwargs={NOT_EXECUTED: "block"})]
     seen = Evidence.of(messages, {"get_balance": True, "transfer": False})
-    assert [seen.grounded(v) for v in ("CHK-1", "SAV-2", "BRK-15", "Zoë")] == [True] * 4
+    assert [seen.grounded(v) for v in ("CHK-1", "SAV-2", "BRK-15", "Zoë", "chk-1", "ZOË")] == [True] * 6
     assert [seen.grounded(v) for v in ("SAV-9", "SAV-7", "BRK-1", "CHK")] == [False] * 4  # errors, refusals, parts
     assert seen.refused == {call_key("transfer", {"from_account_id": "CHK-1", "to_account_id": "SAV-9", "amount": 5})}
     wrote = messages + [ai("d", "transfer", from_account_id="CHK-1", to_account_id="SAV-2", amount=1),
