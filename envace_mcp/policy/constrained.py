@@ -9,7 +9,10 @@ lets through only tokens that keep the call a call the schema accepts so far:
 - `"name"`: one of the offered tools' names;
 - `"arguments"` of a known tool: each key one the tool declares (once), a value that starts as its type
   says (`"` for a string, a digit or `-` for a number, `t`/`f`, `n` where null is allowed, `{`, `[`),
-  a string enum one of its values, and the object closed only once every required key is there.
+  a string enum one of its values, a number inside its `minimum` / `maximum` (exclusive or not; no
+  `-` where the bound is 0 or more), and the object closed only once every required key is there.
+  On bank test the adapter wrote a negative transfer `amount` (`gt=0`) 11 times under constraints that
+  checked only the kind.
 
 Outside a `<tool_call>` block, and inside values it does not check (free strings, numbers' digits,
 nested objects), any token goes. This is what OpenAI's strict function calling and vLLM's structured
@@ -60,6 +63,32 @@ def _kinds(schema: Any) -> set[str] | None:
     return {"object"} if "properties" in schema else None
 
 
+def _bounds(schema: Any) -> tuple[tuple[float, bool] | None, tuple[float, bool] | None]:
+    """(lower, upper) bounds a number of `schema` must keep, each (value, exclusive) or None; with anyOf /
+    oneOf the loosest over the branches that allow a number (a branch with no bound: none)."""
+    if not isinstance(schema, dict):
+        return None, None
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            parts = [_bounds(b) for b in schema[key] if (_kinds(b) or {"number"}) & {"number", "integer"}]
+            if not parts:
+                return None, None
+            lows, highs = [p[0] for p in parts], [p[1] for p in parts]
+            low = None if None in lows else min(lows, key=lambda b: (b[0], b[1]))  # type: ignore[index]
+            high = None if None in highs else max(highs, key=lambda b: (b[0], not b[1]))  # type: ignore[index]
+            return low, high
+
+    def bound(inclusive: str, exclusive: str) -> tuple[float, bool] | None:
+        strict = schema.get(exclusive)
+        if isinstance(strict, (int, float)) and not isinstance(strict, bool):
+            return float(strict), True
+        if isinstance(schema.get(inclusive), (int, float)) and not isinstance(schema.get(inclusive), bool):
+            return float(schema[inclusive]), strict is True  # draft 4: exclusiveMinimum: true
+        return None
+
+    return bound("minimum", "exclusiveMinimum"), bound("maximum", "exclusiveMaximum")
+
+
 def _kind_of(value: Any) -> str:
     if value is None:
         return "null"
@@ -108,6 +137,7 @@ class _State:
     string: _String | None = None
     literal: str | None = None  # a number, true, false or null being read
     literal_kind: set[str] | None = None
+    literal_bounds: tuple[Any, Any] = (None, None)
     name: str | None = None
 
     def clone(self) -> _State:
@@ -115,7 +145,7 @@ class _State:
         string = self.string
         return _State(self.mode, self.tail, [_Frame(f.kind, f.role, f.expect, f.key, list(f.keys)) for f in self.stack],
                       None if string is None else _String(string.allowed, string.is_key, string.text, string.escape),
-                      self.literal, self.literal_kind, self.name)
+                      self.literal, self.literal_kind, self.literal_bounds, self.name)
 
 
 class CallConstraint:
@@ -291,7 +321,7 @@ class CallConstraint:
         elif c == "[":
             state.stack.append(_Frame("array", "other", expect="value"))
         elif c in _NUMBER or c.isalpha():
-            state.literal_kind = kinds
+            state.literal_kind, state.literal_bounds = kinds, _bounds(schema)
             self._literal(state, c, final=False)
         else:
             raise Violation(f"no JSON value starts with {c!r}")
@@ -305,7 +335,27 @@ class CallConstraint:
             raise Violation(f"{text!r} is not a number")
         elif kinds is not None and "number" not in kinds and "integer" in kinds and any(ch in ".eE" for ch in text):
             raise Violation(f"{text!r} is not an integer")
+        else:
+            self._in_bounds(text, state.literal_bounds, final=final)
         state.literal = text
+
+    @staticmethod
+    def _in_bounds(text: str, bounds: tuple[Any, Any], *, final: bool) -> None:
+        low, high = bounds
+        mantissa = text.lower().split("e")[0]
+        if low is not None and low[0] >= 0 and text.startswith("-") and (
+                low[0] > 0 or low[1] or any(ch in "123456789" for ch in mantissa)):
+            raise Violation(f"{text!r} is below the minimum {low[0]:g}")
+        if not final:
+            return
+        try:
+            value = float(text)
+        except ValueError:
+            raise Violation(f"{text!r} is not a number") from None
+        if low is not None and (value < low[0] or (low[1] and value == low[0])):
+            raise Violation(f"{text!r} is below the {'exclusive ' if low[1] else ''}minimum {low[0]:g}")
+        if high is not None and (value > high[0] or (high[1] and value == high[0])):
+            raise Violation(f"{text!r} is above the {'exclusive ' if high[1] else ''}maximum {high[0]:g}")
 
     def _value_done(self, state: _State) -> None:
         frame = state.stack[-1]

@@ -43,6 +43,11 @@ def _check(tools, token_text, text):
     (CALL + '"quantity": 3x', "is not a number"),
     (CALL + '"side": "buy", "side"', "starts none of"),  # a key twice
     (CALL + '"limit_price": nope', "is not true, false or null"),
+    (CALL + '"quantity": -', "'-' is below the minimum 1"),  # ge=1: no sign at all
+    (CALL + '"quantity": 0,', "'0' is below the minimum 1"),  # read whole when the number ends
+    (CALL + '"limit_price": 0}', "below the exclusive minimum 0"),  # gt=0 inside anyOf [number, null]
+    ('<tool_call>\n{"name": "transfer", "arguments": {"amount": -287.17', "below the minimum 0"),  # gt=0
+    ('<tool_call>\n{"name": "get_statement", "arguments": {"limit": 51 ', "above the maximum 50"),
     ("<tool_call>\n[", "a call is a JSON object"),
     (GOOD + ' then <tool_call>{"name": "transfer", "arguments": {"memo": "x"}}', "required argument(s) missing"),
 ])
@@ -63,6 +68,11 @@ def test_the_scanner_passes_valid_calls_and_free_text(tools, policy):
     with pytest.raises(Violation, match="every argument"):
         _check(tools, token_text, full + ",")
     assert _check(tools, token_text, full + "}}\n</tool_call>").mode == "text"
+    # inside the bounds: a fraction above an exclusive 0, the maximum itself, and digits still being read
+    for ok in ('"limit_price": 0.5, ', '"quantity": 1, '):
+        _check(tools, token_text, CALL + ok)
+    _check(tools, token_text, '<tool_call>\n{"name": "get_statement", "arguments": {"limit": 50, ')
+    _check(tools, token_text, CALL + '"limit_price": 0')  # may still become 0.01
 
 
 def test_token_text_reassembles_decoded_text(policy):
