@@ -148,7 +148,7 @@ def run_command(
 
 
 async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes,  # noqa: ANN001
-               constrain_calls=False) -> None:
+               constrain_calls) -> None:
     from langchain_core.messages import HumanMessage
 
     from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
@@ -159,7 +159,7 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=adapter, **({"constrain_calls": True} if constrain_calls else {}))
+            policy = load_policy(model, adapter=adapter, constrain_calls=constrain_calls)
         except EnvaceError as exc:
             _fail(exc)
     try:

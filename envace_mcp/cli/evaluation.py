@@ -99,8 +99,7 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
 
         with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
             try:
-                policy = load_policy(settings.model, adapter=settings.adapter,
-                                     **({"constrain_calls": True} if settings.constrain_calls else {}))
+                policy = load_policy(settings.model, adapter=settings.adapter, constrain_calls=settings.constrain_calls)
             except EnvaceError as exc:
                 _fail(exc)
     passed, scores = [0, 0], []
