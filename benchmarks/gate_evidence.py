@@ -2,9 +2,9 @@
 
 For each destructive call of a run (`results.json`'s gate value: would fail, unrequested, requested),
 the run's conversation up to that call is rebuilt from its trace and handed to the gate's own code
-(`gate.Evidence.of`, `gate.objection`) with `block_repeated_failures` and `block_ungrounded_arguments`
-on. Prints, per rule and for both, how many harmful calls would be stopped on top of those the run's
-gate stopped, and how many requested writes would be (false blocks). First order: the runs are not
+(`gate.Evidence.of`, `gate.objection`) with `block_repeated_failures`, `block_ungrounded_arguments` and
+`block_repeated_writes` ("done") on, alone and together. Prints, per rule, how many harmful calls would
+be stopped on top of those the run's gate stopped, and how many requested writes would be (false blocks). First order: the runs are not
 replayed, so later calls are as they were; `envace eval --gate block_...=true` measures the real thing.
 
     python benchmarks/gate_evidence.py --suite bank evals/bank-val [more eval folders of that suite]
@@ -28,7 +28,9 @@ from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import TraceStore
 
 RULES = {"repeated": GateConfig(block_repeated_failures=True), "ungrounded": GateConfig(block_ungrounded_arguments=True),
-         "both": GateConfig(block_repeated_failures=True, block_ungrounded_arguments=True)}
+         "both": GateConfig(block_repeated_failures=True, block_ungrounded_arguments=True),
+         "done": GateConfig(block_repeated_writes=True),
+         "all three": GateConfig(block_repeated_failures=True, block_ungrounded_arguments=True, block_repeated_writes=True)}
 
 
 async def catalog(suite: str) -> dict:

@@ -10,8 +10,9 @@ Decisions, in the order they are checked:
 2. `simulate` — simulated mode, or a non-read-only tool in mixed mode: the prediction is the answer;
 3. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error), or,
    with `block_destructive_on_unusable_rehearsal`, could not be read; or, by the run's own evidence
-   (`Evidence`, no model involved), one the real server already refused (`block_repeated_failures`)
-   or one with an identifier nobody wrote (`block_ungrounded_arguments`): not executed unless
+   (`Evidence`, no model involved), one the real server already refused (`block_repeated_failures`),
+   one that already succeeded since the user's last message (`block_repeated_writes`) or one with an
+   identifier nobody wrote (`block_ungrounded_arguments`): not executed unless
    `approve_blocked` routes it to a human (`ask`);
 4. `feedback` — the rehearsal predicts an error for any other tool (or blocking is off): not executed,
    the prediction goes back to the agent so it can revise;
@@ -62,6 +63,12 @@ class GateConfig:
     """Block a destructive call identical (tool and arguments) to one the real server refused earlier in
     the run, when no write has succeeded since: the environment has already answered it. On the shipped
     bank adapter's runs the same failing order was sent up to 7 times in one task (docs/evidence.md)."""
+    block_repeated_writes: bool = False
+    """Block a destructive call identical (tool and arguments) to one that already succeeded since the
+    user's last message: it is done, and running it again writes twice (a second transfer) or fails
+    (cancelling a cancelled order). A user who wants the same write again says so in a new message, which
+    allows it. On the shipped bank adapter's bank test run 8 of the 62 harmful calls it executed were such
+    repeats, and none of the 23 requested writes was (docs/evidence.md)."""
     block_ungrounded_arguments: bool = False
     """Block a destructive call with an identifier-like string argument (no spaces, not an enum; declared
     by the tool or not) that appears, as a whole token, nowhere in the user's messages or in the replies
@@ -141,26 +148,31 @@ def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
 class Evidence:
     """What a run has seen, for the gate's evidence rules: `text`, the user's messages and the replies of
     calls that ran without error; `refused`, the calls (`call_key`) the real server refused since the
-    last write that succeeded. Built from the conversation by `Evidence.of`."""
+    last write that succeeded; `done`, the writes that succeeded since the user's last message. Built
+    from the conversation by `Evidence.of`."""
 
     text: str = ""
     refused: frozenset[str] = frozenset()
+    done: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, messages: list[Any], read_only: dict[str, bool] | None = None) -> Evidence:
         """From LangChain messages. `read_only`: tool name -> its annotation; a tool missing from it counts
         as one that writes, so its success clears `refused`. Replies the gate gave instead of a tool
-        (`prompts.NOT_EXECUTED`) are not evidence of anything."""
+        (`prompts.NOT_EXECUTED`) and the graph's own notes to the agent (`prompts.GRAPH_NOTE`) are not
+        evidence of anything."""
         from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-        from envace_mcp.policy.prompts import NOT_EXECUTED
+        from envace_mcp.policy.prompts import GRAPH_NOTE, NOT_EXECUTED
 
         texts: list[str] = []
         refused: set[str] = set()
+        done: set[str] = set()
         keys: dict[str, tuple[str, str]] = {}
         for message in messages:
-            if isinstance(message, HumanMessage):
+            if isinstance(message, HumanMessage) and not message.additional_kwargs.get(GRAPH_NOTE):
                 texts.append(_text(message.content))
+                done.clear()
             elif isinstance(message, AIMessage):
                 keys.update({c["id"]: (c["name"], call_key(c["name"], c["args"])) for c in message.tool_calls if c.get("id")})
             elif isinstance(message, ToolMessage) and not message.additional_kwargs.get(NOT_EXECUTED):
@@ -171,8 +183,10 @@ class Evidence:
                 texts.append(_text(message.content))
                 if not (read_only or {}).get(name, False):
                     refused.clear()
+                    done.add(key)
         refused.discard("")
-        return cls("\n".join(texts), frozenset(refused))
+        done.discard("")
+        return cls("\n".join(texts), frozenset(refused), frozenset(done))
 
     def grounded(self, value: str) -> bool:
         """Whether `value` occurs in `text` as a whole token (`BRK-1` is not found inside `BRK-1549`), in any
@@ -217,6 +231,8 @@ def objection(call: ToolCall, spec: ToolSpec, evidence: Evidence, config: GateCo
     """Why the run's own evidence says a destructive call should not run (None: it does not)."""
     if config.block_repeated_failures and call_key(call.name, call.arguments) in evidence.refused:
         return "the server refused this exact call earlier in this run, and no write has succeeded since"
+    if config.block_repeated_writes and call_key(call.name, call.arguments) in evidence.done:
+        return "this exact call already succeeded earlier in this run, since the user's last message: it is done"
     if config.block_ungrounded_arguments:
         for key, value in _identifiers(call.arguments, spec.input_schema):
             if not evidence.grounded(value):

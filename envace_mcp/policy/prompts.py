@@ -250,6 +250,11 @@ NOT_EXECUTED = "envace_not_executed"
 """`ToolMessage.additional_kwargs` key on a reply the gate (or a human) gave instead of the tool:
 its value is the gate's action (`reject`, `block`, `feedback`, `budget`, `rejected`)."""
 
+GRAPH_NOTE = "envace_note"
+"""`HumanMessage.additional_kwargs` key on a message the graph wrote to the agent, not the user (its value
+says which: `format`, a reminder after a call that could not be read). The gate's evidence rules do not
+count it as the user's words or a new request."""
+
 
 def observations_only(messages: list[BaseMessage]) -> list[BaseMessage]:
     """The conversation as the environment saw it, for the rehearse role: calls that never ran (the

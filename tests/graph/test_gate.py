@@ -148,7 +148,7 @@ def test_the_runs_evidence_is_what_the_user_wrote_and_what_ran_without_error():
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
     from envace_mcp.graph.gate import Evidence, call_key
-    from envace_mcp.policy.prompts import NOT_EXECUTED
+    from envace_mcp.policy.prompts import GRAPH_NOTE, NOT_EXECUTED
 
     def ai(i, name, **args):
         return AIMessage(content="", tool_calls=[{"id": i, "name": name, "args": args}])
@@ -170,6 +170,14 @@ def test_the_runs_evidence_is_what_the_user_wrote_and_what_ran_without_error():
     assert Evidence.of(wrote, {"get_balance": True, "transfer": False}).refused == frozenset()  # a write ran: retry allowed
     read = messages + [ai("e", "get_balance", account_id="SAV-2"), ToolMessage(content="{}", tool_call_id="e")]
     assert Evidence.of(read, {"get_balance": True, "transfer": False}).refused == seen.refused  # a read changes nothing
+    assert seen.done == frozenset()  # reads, errors and refusals are not writes that ran
+    moved = call_key("transfer", {"from_account_id": "CHK-1", "to_account_id": "SAV-2", "amount": 1})
+    assert Evidence.of(wrote, {"get_balance": True, "transfer": False}).done == {moved}
+    note = HumanMessage(content="Your last message tried to call a tool but SAV-5 ...", additional_kwargs={GRAPH_NOTE: "format"})
+    noted = Evidence.of(wrote + [note], {"get_balance": True, "transfer": False})
+    assert noted.done == {moved} and not noted.grounded("SAV-5")  # the graph's note is not the user asking again
+    again = Evidence.of(wrote + [HumanMessage(content="Send it once more.")], {"get_balance": True, "transfer": False})
+    assert again.done == frozenset() and again.refused == frozenset()  # the user asked again: allowed
 
 
 def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_asked():
@@ -179,8 +187,9 @@ def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_ask
                                                "memo": {"type": "string"}, "ids": {"type": "array"}}}
     order = ToolSpec.create(remote_name="place_order", server="bank", description="", input_schema=schema,
                             output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
-    seen = Evidence(text="Buy for BRK-1 please", refused=frozenset({call_key("place_order", {"account_id": "BRK-1"})}))
-    rules = {"block_ungrounded_arguments": True, "block_repeated_failures": True}
+    seen = Evidence(text="Buy for BRK-1 please", refused=frozenset({call_key("place_order", {"account_id": "BRK-1"})}),
+                    done=frozenset({call_key("place_order", {"account_id": "BRK-1", "side": "buy"})}))
+    rules = {"block_ungrounded_arguments": True, "block_repeated_failures": True, "block_repeated_writes": True}
 
     def decide_(arguments, spec=order, **config):
         call = ToolCall(id="1", name=spec.name, arguments=arguments)
@@ -190,6 +199,9 @@ def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_ask
     assert decide_({"account_id": "BRK-1"}, **rules).reason.endswith("no write has succeeded since")
     assert decide_({"account_id": "BRK-2"}, **rules).reason.endswith("'BRK-2' appears nowhere in the user's messages or in any tool's reply")
     assert decide_({"account_id": "BRK-1", "ids": ["BRK-1", "X-9"]}, **rules).reason.startswith("destructive call blocked: ids='X-9'")
+    assert decide_({"account_id": "BRK-1", "side": "buy"}, **rules).reason.endswith("since the user's last message: it is done")
+    assert decide_({"account_id": "BRK-1", "side": "sell"}, **rules).action == "execute"  # another write
+    assert decide_({"account_id": "BRK-1", "side": "buy"}, block_repeated_failures=True).action == "execute"  # each rule apart
     assert decide_({"account_id": "BRK-2"}).action == "execute"  # off by default
     assert decide_({"account_id": "BRK-2"}, approve_blocked=True, **rules).action == "ask"
     read = ToolSpec.create(remote_name="place_order", server="bank", description="", input_schema=schema,

@@ -337,3 +337,35 @@ async def test_the_runs_own_evidence_blocks_made_up_ids_and_a_refused_call_sent_
     assert reasons[0] == "destructive call blocked: from_account_id='CHK-0000' appears nowhere in the user's messages or in any tool's reply"
     assert reasons[2] == ("destructive call blocked: the server refused this exact call earlier in this run, "
                           "and no write has succeeded since")
+
+
+async def test_a_write_that_already_ran_is_not_sent_again_until_the_user_asks_again(bank):
+    """`block_repeated_writes`: the same transfer twice in one turn moves the money once (with the rule
+    off, twice); a new user message in the same thread asks again, and the same call then runs."""
+    from envace_mcp.policy import Prediction
+
+    suite, task = bank
+    a = ids(task)
+    move = {"from_account_id": a["checking"], "to_account_id": a["savings"], "amount": 7.0}
+    start = task.initial_state["accounts"][a["checking"]]["balance"]
+    moved = {}
+    for on in (False, True):
+        fine = [Prediction(tool="transfer", status="result", result={"ok": True}) for _ in range(3)]
+        policy = ScriptedPolicy(act=[call("transfer", **move), call("transfer", **move), "Done.",
+                                     call("transfer", **move), "Sent again."], rehearse=fine)
+        episode = Episode(task, "bank")
+        async with Toolbox({"bank": suite.build_server()}) as toolbox:
+            graph = create_envace_graph().compile(checkpointer=InMemorySaver())
+            context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
+                                    gate=GateConfig(block_repeated_writes=on))
+            config = {"configurable": {"thread_id": "t"}}
+            first = await graph.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config, context=context)
+            after_first = (await episode.final_state(toolbox))["accounts"][a["checking"]]["balance"]
+            second = await graph.ainvoke({"messages": [HumanMessage(content="Send the same again, please.")]}, config,
+                                         context=context)
+            after_second = (await episode.final_state(toolbox))["accounts"][a["checking"]]["balance"]
+        policy.assert_complete()
+        moved[on] = (round(start - after_first, 2), round(after_first - after_second, 2),
+                     [r["decision"] for r in first["rehearsals"]], second["final_answer"])
+    assert moved[False][:3] == (14.0, 7.0, ["execute", "execute"])
+    assert moved[True] == (7.0, 7.0, ["execute", "block"], "Sent again.")

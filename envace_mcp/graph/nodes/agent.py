@@ -9,6 +9,7 @@ from langgraph.runtime import Runtime
 
 from envace_mcp.graph.nodes._common import act_request, emit
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
+from envace_mcp.policy.prompts import GRAPH_NOTE
 
 FORMAT_REMINDER = (
     "Your last message tried to call a tool but the call could not be read ({problems}). Write each call "
@@ -32,7 +33,8 @@ async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str
         return update
     if parsed.malformed:  # a broken call is not an answer: say what was wrong and let it try again
         problems = "; ".join(i.message for i in parsed.issues if i.code == "invalid_tool_call")
-        update["messages"].append(HumanMessage(content=FORMAT_REMINDER.format(problems=problems)))
+        update["messages"].append(HumanMessage(content=FORMAT_REMINDER.format(problems=problems),
+                                                  additional_kwargs={GRAPH_NOTE: "format"}))
         return update
     return {**update, "final_answer": text, "status": "finished"}
 
