@@ -2,9 +2,12 @@
 runs (their `out/traces`): whether its K runs scored alike, and if so how: all passed, all failed the
 state check, or all passed the state but failed the same answer check (in simulated mode the answer
 quotes what the world model imagined, so a wrong imagined balance fails it whatever the calls were).
-Counted per task kind, for each run folder given (e.g. one per arm).
+Counted per task kind, for each run folder given (e.g. one per arm). The last column: how many groups
+would carry signal with `GRPOConfig.call_f1_weight` (`--call-f1-weight`, 0.5 unless given), the task
+reward plus the weighted tool-call F1 against the task's reference calls, through the trainer's own
+`has_signal` (runs recorded before `call_f1` was, get it computed from the suite's tasks).
 
-    python benchmarks/group_signal.py grpo-b grpo-c
+    python benchmarks/group_signal.py grpo-b grpo-c [--call-f1-weight 0.5]
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from envace_mcp.eval import get_suite
+from envace_mcp.eval.metrics import call_f1
 from envace_mcp.traces import TraceStore
+from envace_mcp.train.config import GRPOConfig
+from envace_mcp.train.rows import Segment
+from envace_mcp.train.sources import has_signal
 
 
 def why_uniform(rewards: list) -> str:
@@ -33,18 +40,30 @@ def why_uniform(rewards: list) -> str:
     return "alike, mixed causes"
 
 
+def shaped_signal(runs: list[tuple[str, float, float]], weight: float) -> bool:
+    """Whether a group of (run id, task reward, call F1) carries signal under `call_f1_weight` = weight."""
+    rows = [Segment(run_id=run, task_id=None, group_id="g", role="act", prompt_ids=[], completion_ids=[1],
+                    old_logprobs=None, reward=reward, call_f1=f1) for run, reward, f1 in runs]
+    return has_signal(rows, GRPOConfig(advantage="trajectory", call_f1_weight=weight))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--call-f1-weight", type=float, default=0.5)
     args = parser.parse_args()
     for run in args.runs:
         groups: dict[str, list] = defaultdict(list)
+        shaped: dict[str, list] = defaultdict(list)
         suite = None
         for trace in TraceStore(run / "traces").read():
             reward = trace.reward("task")
             if reward is not None and trace.group_id:
                 groups[trace.group_id].append(reward)
                 suite = suite or get_suite(trace.suite)
+                recorded = trace.reward("call_f1")
+                f1 = recorded.value if recorded is not None else call_f1(trace, suite.task(trace.task_id))[0]
+                shaped[trace.group_id].append((trace.run_id, reward.value, f1))
         if not groups:
             print(f"{run}: no scored groups")
             continue
@@ -52,17 +71,20 @@ def main() -> None:
         for group_id, rewards in groups.items():
             kind = suite.task(group_id.split(":")[1]).kind
             by_kind[kind][why_uniform(rewards)] += 1
+            by_kind[kind]["shaped"] += shaped_signal(shaped[group_id], args.call_f1_weight)
         causes = ["signal", "all passed", "all failed the state", "state right, answer check failed in all",
-                  "alike, mixed causes"]
+                  "alike, mixed causes", "shaped"]
         total = Counter()
-        print(f"\n{run}: {len(groups)} groups")
+        print(f"\n{run}: {len(groups)} groups; 'shaped': with signal at call_f1_weight {args.call_f1_weight}")
         print(f"| kind | groups | {' | '.join(causes)} |")
         print("|---|---|" + "---|" * len(causes))
         for kind, counts in sorted(by_kind.items()):
             total.update(counts)
-            print(f"| {kind} | {sum(counts.values())} | " + " | ".join(str(counts[c]) for c in causes) + " |")
-        print(f"| all | {sum(total.values())} | " + " | ".join(str(total[c]) for c in causes) + " |")
-        print(f"uniform: {1 - total['signal'] / sum(total.values()):.2f}")
+            n = sum(counts.values()) - counts["shaped"]
+            print(f"| {kind} | {n} | " + " | ".join(str(counts[c]) for c in causes) + " |")
+        n = sum(total.values()) - total["shaped"]
+        print(f"| all | {n} | " + " | ".join(str(total[c]) for c in causes) + " |")
+        print(f"uniform: {1 - total['signal'] / n:.2f} on the task reward, {1 - total['shaped'] / n:.2f} shaped")
 
 
 if __name__ == "__main__":

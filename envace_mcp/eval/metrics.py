@@ -48,6 +48,28 @@ def call_match(made: Sequence[Call], reference: Sequence[Call]) -> dict[str, Any
             "exact": [_key(c) for c in made] == [_key(c) for c in reference]}
 
 
+def made_calls(trace: Any) -> list[Call]:
+    """The calls a run made: those that ran or were answered by a rehearsal (not those the gate stopped);
+    in single-turn suites (BFCL AST), where nothing executes, the calls the model proposed."""
+    made = [(s.tool, s.arguments or {}) for s in trace.steps
+            if s.role == "tool" and s.decision in ("execute", "simulate", None) and s.tool]
+    if not any(s.role == "tool" for s in trace.steps):
+        for step in trace.steps:
+            if step.role == "act" and isinstance(step.parsed, dict):
+                made += [(c.get("name"), c.get("arguments") or {}) for c in step.parsed.get("tool_calls") or []]
+    return made
+
+
+def reference_calls(task: Any) -> list[Call]:
+    return [(a.tool, dict(a.arguments)) for a in task.actions]
+
+
+def call_f1(trace: Any, task: Any) -> tuple[float, dict[str, Any]]:
+    """A run's tool-call F1 against its task's reference calls, and the match it comes from (`call_match`)."""
+    match = call_match(made_calls(trace), reference_calls(task))
+    return prf(match["tp"], match["made"], match["reference"])["f1"], match
+
+
 def prf(tp: int, made: int, reference: int) -> dict[str, float]:
     """Precision, recall, F1; an agent that makes no call on a task with none is perfect there."""
     precision = tp / made if made else (1.0 if reference == 0 else 0.0)
@@ -109,7 +131,6 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
                repeat: int = 0, destructive: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What one run contributes to the metrics, read from its trace (`destructive`: the run's
     destructive calls with what the gate did and what each would have done, where the suite says)."""
-    made: list[Call] = []
     tokens: Counter[str] = Counter()
     gate: Counter[str] = Counter()
     for step in trace.steps:
@@ -117,12 +138,6 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
             tokens[step.role] += len(step.completion_ids)
         elif step.role == "gate" and step.decision:
             gate[step.decision] += 1
-        elif step.role == "tool" and step.decision in ("execute", "simulate", None) and step.tool:
-            made.append((step.tool, step.arguments or {}))
-    if not any(s.role == "tool" for s in trace.steps):  # single-turn suites (BFCL AST): nothing executes,
-        for step in trace.steps:                          # the calls the model proposed are its answer
-            if step.role == "act" and isinstance(step.parsed, dict):
-                made += [(c.get("name"), c.get("arguments") or {}) for c in step.parsed.get("tool_calls") or []]
     for role, count in ((trace.metadata or {}).get("imagined_tokens") or {}).items():
         tokens[f"imagined_{role}"] += count  # test-time rehearsal's imagined runs
     real_calls = sum(1 for s in trace.steps if s.role == "tool" and s.decision in ("execute", None) and not s.simulated)
@@ -130,7 +145,7 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
         "task_id": task.id, "kind": getattr(task, "kind", None), "repeat": repeat, "run_id": trace.run_id,
         "score": score, "passed": score is not None and score >= 1.0, "judge_required": judge_required,
         "status": trace.status,
-        "calls": call_match(made, [(a.tool, dict(a.arguments)) for a in task.actions]),
+        "calls": call_match(made_calls(trace), reference_calls(task)),
         "fidelity": rehearsal_fidelity(trace), "tokens": dict(tokens), "gate": dict(gate), "real_calls": real_calls,
         "stopped_calls": sum(gate[d] for d in STOPPED),
         "wall_s": (trace.ended_at or trace.started_at) - trace.started_at,

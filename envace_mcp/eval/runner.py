@@ -9,6 +9,7 @@ from typing import Any, Literal
 from langchain_core.messages import HumanMessage
 
 from envace_mcp.errors import UserError
+from envace_mcp.eval.metrics import call_f1
 from envace_mcp.eval.suites import TaskSuite
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.graph.gate import Mode
@@ -45,7 +46,8 @@ async def run_task(
     """Run the agent on `task` against `toolbox` (one fresh episode), then check the final state.
 
     With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
-    attached as the `task` reward. `approve` answers the gate's `ask` decisions (`EnvaceContext.approve`).
+    attached as the `task` reward, and its tool-call F1 against the task's reference calls as `call_f1`
+    (`eval.metrics.call_f1`; GRPO's `call_f1_weight` shapes with it). `approve` answers the gate's `ask` decisions (`EnvaceContext.approve`).
     Without a toolbox (simulated mode: `tools` are the catalog entries the agent sees) the run is scored
     by replaying its calls on the task's initial state (`score_replayed`)."""
     from envace_mcp.graph.tts import condense, imagine
@@ -90,10 +92,12 @@ async def run_task(
         verdict = suite.score_replayed(task, trace)
     else:
         raise UserError(f"suite {suite.name!r} scores runs on its server only: give run_task a toolbox")
-    reward = Reward(name="task", value=verdict.score, details=verdict.to_dict())
-    trace.rewards.append(reward)
-    if store is not None:
-        store.attach_reward(trace.run_id, reward)
+    f1, match = call_f1(trace, task)
+    for reward in (Reward(name="call_f1", value=f1, details=match),
+                   Reward(name="task", value=verdict.score, details=verdict.to_dict())):
+        trace.rewards.append(reward)
+        if store is not None:
+            store.attach_reward(trace.run_id, reward)
     return TaskRun(task=task, episode=episode, state=state, verdict=verdict, attempts=attempts, trace=trace)
 
 

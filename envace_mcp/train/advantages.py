@@ -31,7 +31,7 @@ def step_advantages(groups: list[list[Segment]], config: GRPOConfig) -> torch.Te
         return torch.zeros(0)
     rewards = torch.tensor([float(r.reward) + (config.fidelity_weight * r.fidelity
                                                if r.role == "rehearse" and r.fidelity is not None else 0.0)
-                            for r in rows])  # [S]
+                            + config.call_f1_weight * (r.call_f1 or 0.0) for r in rows])  # [S]
     group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g])  # [S]
     scale = config.scale_rewards
     if config.advantage == "role":

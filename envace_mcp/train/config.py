@@ -81,6 +81,13 @@ class GRPOConfig(BaseModel):
     they are rehearsed only under `GateConfig(rehearse="all")`: `check_rollout_mode`) is rewarded
     task reward + w x its match score against the real result, so the world model is pushed
     towards what happened; rehearsals without a real result keep the task reward."""
+    call_f1_weight: float = 0.0
+    """Beyond EnvACE (off): every segment of a run is rewarded task reward + w x the run's tool-call F1
+    against its task's reference calls (the `call_f1` reward `envace eval` and GRPO's rollouts record:
+    FinMCP-Bench's metric), so a group whose runs all score the same on the task still ranks those that
+    made more of the right calls. Needs tasks with reference calls (the bundled suites); recorded runs of
+    your own agent have none. Of the 34 groups the shipped adapter's continued bank runs rolled out, 18
+    scored alike on the task and 4 alike with w = 0.5 (benchmarks/group_signal.py)."""
     real_output_ce: float = 0.0
     """Beyond EnvACE (off): weight of a cross-entropy term teaching the rehearse role the recorded
     real tool outputs (as SFT does), added to the GRPO loss (mean over those target tokens)."""

@@ -144,8 +144,10 @@ class GRPOLearner:
         all_rows = [r for g in groups for r in g]
         rewards = {r.run_id: r.reward for r in all_rows}
         checked = [r.fidelity for r in all_rows if r.role == "rehearse" and r.fidelity is not None]
+        f1 = {r.run_id: r.call_f1 for r in all_rows if r.call_f1 is not None}
         sums |= {"reward": sum(rewards.values()), "success": sum(v >= 1.0 for v in rewards.values()),
-                 "runs": len(rewards), "fidelity": sum(checked), "checked": len(checked)}
+                 "runs": len(rewards), "fidelity": sum(checked), "checked": len(checked),
+                 "call_f1": sum(f1.values()), "f1_runs": len(f1)}
         sums = distributed.reduce_all(sums)  # the whole step's sums, one all-reduce
         record = {"loss": sums["loss"], "grad_norm": float(norm), "reward": sums["reward"] / sums["runs"],
                   "success": sums["success"] / sums["runs"], "segments": total_rows, "tokens": total_tokens,
@@ -154,6 +156,8 @@ class GRPOLearner:
             record |= {k: sums[k] / sums["scored"] for k in _scored_keys(config)}
         if sums["checked"]:  # rehearsals checked against real results (mixed / real mode)
             record["fidelity"] = sums["fidelity"] / sums["checked"]
+        if sums["f1_runs"]:  # runs of tasks with reference calls
+            record["call_f1"] = sums["call_f1"] / sums["f1_runs"]
         if config.real_output_ce:
             record["ce"] = sums["ce"]
         return record

@@ -43,7 +43,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 PLOTTED = [("reward", "mean task reward"), ("success", "success rate"), ("uniform_groups", "uniform groups (no signal)"),
            ("loss", "loss"), ("kl", "KL (k3)"), ("fidelity", "rehearsal fidelity (real calls)"),
-           ("clip_high", "clipped fraction (high)"), ("grad_norm", "grad norm"), ("ce", "real-output CE")]
+           ("call_f1", "tool-call F1 (runs)"), ("clip_high", "clipped fraction (high)"), ("grad_norm", "grad norm"),
+           ("ce", "real-output CE")]
 
 
 def plot_metrics(metrics: Path | dict[str, Path], png: Path) -> Path | None:
@@ -59,7 +60,10 @@ def plot_metrics(metrics: Path | dict[str, Path], png: Path) -> Path | None:
     runs = {label: read_metrics(path) for label, path in (metrics if isinstance(metrics, dict) else {"": metrics}).items()}
     if not any(runs.values()):
         return None
-    fig, axes = plt.subplots(3, 3, figsize=(13, 9))
+    rows_of_panels = -(-len(PLOTTED) // 3)
+    fig, axes = plt.subplots(rows_of_panels, 3, figsize=(13, 3 * rows_of_panels))
+    for ax in axes.flat[len(PLOTTED):]:
+        ax.axis("off")
     for ax, (key, title) in zip(axes.flat, PLOTTED):
         drawn = False
         for colour, (label, rows) in enumerate(runs.items()):  # a run keeps its colour in every panel

@@ -30,6 +30,7 @@ class Segment:
     reward: float | None
     temperature: float = 1.0
     fidelity: float | None = None  # rehearse segments: match score against the real result, when the call ran
+    call_f1: float | None = None  # the run's tool-call F1 against its task's reference calls, where recorded
 
 
 def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str, ...] = ("act", "rehearse"),
@@ -42,6 +43,7 @@ def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str,
         value = found.value if found is not None else None
         if require_reward and value is None:
             continue
+        f1 = trace.reward("call_f1")
         fidelity = {s.call_id: s.comparison.score for s in trace.steps
                     if s.role == "tool" and s.comparison is not None and not s.simulated}
         for step in trace.steps:
@@ -51,7 +53,8 @@ def segments(traces: Iterable[Trace], *, reward: str = "task", roles: tuple[str,
                                    completion_ids=list(step.completion_ids),
                                    old_logprobs=list(step.logprobs) if step.logprobs is not None else None,
                                    reward=value, temperature=(step.sampling or {}).get("temperature") or 1.0,
-                                   fidelity=fidelity.get(step.call_id) if step.role == "rehearse" else None))
+                                   fidelity=fidelity.get(step.call_id) if step.role == "rehearse" else None,
+                                   call_f1=f1.value if f1 is not None else None))
     return out
 
 

@@ -50,6 +50,13 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
     config = learner.config
     traces = list(traces)
     rows = [r for r in segments(traces, reward=config.reward) if r.role in config.roles]
+    if config.call_f1_weight:
+        unshaped = {r.run_id for r in rows if r.call_f1 is None}
+        if unshaped:
+            raise UserError(f"call_f1_weight adds each run's tool-call F1 against its task's reference calls, and "
+                            f"{len(unshaped)} of {len({r.run_id for r in rows})} runs have no 'call_f1' reward "
+                            "(only runs of a bundled suite's tasks, recorded by envace eval or GRPO's rollouts, "
+                            "carry one): set call_f1_weight to 0")
     if config.real_output_ce > 0:
         from envace_mcp.train.sft import sft_rows, target_encoding
 

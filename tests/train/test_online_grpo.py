@@ -184,3 +184,62 @@ def test_a_fidelity_reward_no_rollout_could_earn_is_refused():
     check_rollout_mode(GRPOConfig(), "simulated")  # off: nothing to refuse
     with pytest.raises(UserError, match="real_output_ce teaches real tool outputs"):
         check_rollout_mode(GRPOConfig(real_output_ce=0.1), "simulated")
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_a_call_f1_reward_gives_signal_to_a_group_that_failed_the_task_alike(tmp_path, bank_catalog, weight):
+    """Both runs of a sell-all task stop before the order, so both score alike on the task; one made the
+    task's first reference call (`get_positions`) and one made none. Every rollout records its tool-call
+    F1 (`call_f1`); with `call_f1_weight` the group carries signal (the step trains on it), without it the
+    group is uniform."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.policy.forced import ForcedPolicy
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+
+    suite = get_suite("bank")
+    task = next(t for t in suite.split("fit") if t.kind == "sell_all")
+    assert [a.tool for a in task.actions] == ["get_positions", "place_order"]
+    roles = reference_roles(suite, task)
+    starts = []
+
+    def act(request):
+        if request.messages:
+            return "Done."
+        starts.append(1)
+        return roles["act"](request) if len(starts) % 2 else "Done."  # the reference read, or nothing
+
+    folder = build_tiny_qwen3(tmp_path / "tiny")
+    short = SamplingParams(max_new_tokens=6)
+    config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, micro_batch=8, call_f1_weight=weight)
+    trainer = OnlineGRPO(config, suite, tmp_path / "run", k=2, tools=bank_catalog, gate=GateConfig(max_steps=3),
+                         sampling={"act": short, "rehearse": short},
+                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
+    trainer.source.tasks = [task]
+    trainer.policy = ForcedPolicy(trainer.policy, act=act, rehearse=roles["rehearse"])
+    record = trainer.run()[0]
+    traces = list(TraceStore(tmp_path / "run" / "traces").read())
+    assert len({t.reward("task").value for t in traces}) == 1  # alike on the task
+    assert sorted(t.reward("call_f1").value for t in traces) == [0.0, pytest.approx(2 / 3)]  # 1 of 2 calls, none made
+    assert record["call_f1"] == pytest.approx(1 / 3)
+    assert record["uniform_groups"] == (0.0 if weight else 1.0)
+    assert (record["scored_tokens"] > 0) == bool(weight)  # only the shaped group's tokens went through the model
+
+
+def test_call_f1_weight_refuses_runs_that_carry_no_call_f1():
+    """Runs recorded without a task's reference calls (a user's own agent, older traces) cannot be shaped."""
+    from types import SimpleNamespace
+
+    from envace_mcp.errors import UserError
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.config import GRPOConfig
+    from envace_mcp.train.sources import trainable_groups
+
+    fixtures = list(TraceStore(__import__("pathlib").Path(__file__).parent.parent / "fixtures" / "traces").read())
+    assert fixtures and all(t.reward("call_f1") is None for t in fixtures)
+    assert trainable_groups(fixtures, SimpleNamespace(config=GRPOConfig()))  # off: trained as before
+    with pytest.raises(UserError, match=r"call_f1_weight adds each run's tool-call F1 .* have no 'call_f1' reward"):
+        trainable_groups(fixtures, SimpleNamespace(config=GRPOConfig(call_f1_weight=0.5)))
