@@ -103,20 +103,35 @@ def test_online_grpo_in_real_mode_runs_against_the_suite_server_and_scores_its_s
         assert not tool.simulated and tool.result["is_error"] and "C-0000" in json.dumps(tool.result)
 
 
+def tiny_trainer(tmp_path, config, tasks, bank_catalog, *, max_steps):
+    """Online GRPO on the tiny Qwen3 over bank `tasks` (K = 2, simulated, 6-token turns): its policy is
+    for the caller to force."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.trainer import OnlineGRPO
+
+    folder = build_tiny_qwen3(tmp_path / "tiny")
+    short = SamplingParams(max_new_tokens=6)
+    trainer = OnlineGRPO(config, get_suite("bank"), tmp_path / "run", k=2, tools=bank_catalog,
+                         gate=GateConfig(max_steps=max_steps), sampling={"act": short, "rehearse": short},
+                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
+    trainer.source.tasks = tasks
+    return trainer
+
+
 @pytest.mark.parametrize("rounds", [0, 3])
 def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(tmp_path, bank_catalog, rounds):
     """Two of four tasks get groups whose runs differ (the first turn alternates between the reference
     call and an idle "Done."); the other two always run the reference, so their groups score alike.
     With dynamic sampling the step keeps drawing tasks until it has two groups with signal; without it,
     the step keeps its first two groups whatever they scored. Both log the uniform fraction."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envace_mcp.eval.reference import reference_roles
     from envace_mcp.policy.forced import ForcedPolicy
-    from envace_mcp.testing import build_tiny_qwen3
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.sources import SeededOrder
-    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+    from envace_mcp.train.trainer import GRPOConfig
 
     suite = get_suite("bank")
     writes = [t for t in suite.split("fit") if t.outcome == "success" and len(t.actions) == 1 and t.write_actions]
@@ -132,13 +147,8 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(t
                 return "Done."
         return roles[request.task]["act"](request)
 
-    folder = build_tiny_qwen3(tmp_path / "tiny")
-    short = SamplingParams(max_new_tokens=6)
     config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=2, micro_batch=8, dynamic_sampling=rounds)
-    trainer = OnlineGRPO(config, suite, tmp_path / "run", k=2, tools=bank_catalog, gate=GateConfig(max_steps=2),
-                         sampling={"act": short, "rehearse": short},
-                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
-    trainer.source.tasks = tasks
+    trainer = tiny_trainer(tmp_path, config, tasks, bank_catalog, max_steps=2)
     def rehearse(request):
         task = next(m.content for m in request.history if isinstance(m, HumanMessage))
         return roles[task]["rehearse"](request)
@@ -192,13 +202,11 @@ def test_a_call_f1_reward_gives_signal_to_a_group_that_failed_the_task_alike(tmp
     task's first reference call (`get_positions`) and one made none. Every rollout records its tool-call
     F1 (`call_f1`); with `call_f1_weight` the group carries signal (the step trains on it), without it the
     group is uniform."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envace_mcp.eval.reference import reference_roles
     from envace_mcp.policy.forced import ForcedPolicy
-    from envace_mcp.testing import build_tiny_qwen3
     from envace_mcp.traces import TraceStore
-    from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
+    from envace_mcp.train.trainer import GRPOConfig
 
     suite = get_suite("bank")
     task = next(t for t in suite.split("fit") if t.kind == "sell_all")
@@ -212,13 +220,8 @@ def test_a_call_f1_reward_gives_signal_to_a_group_that_failed_the_task_alike(tmp
         starts.append(1)
         return roles["act"](request) if len(starts) % 2 else "Done."  # the reference read, or nothing
 
-    folder = build_tiny_qwen3(tmp_path / "tiny")
-    short = SamplingParams(max_new_tokens=6)
     config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, micro_batch=8, call_f1_weight=weight)
-    trainer = OnlineGRPO(config, suite, tmp_path / "run", k=2, tools=bank_catalog, gate=GateConfig(max_steps=3),
-                         sampling={"act": short, "rehearse": short},
-                         model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
-    trainer.source.tasks = [task]
+    trainer = tiny_trainer(tmp_path, config, [task], bank_catalog, max_steps=3)
     trainer.policy = ForcedPolicy(trainer.policy, act=act, rehearse=roles["rehearse"])
     record = trainer.run()[0]
     traces = list(TraceStore(tmp_path / "run" / "traces").read())
