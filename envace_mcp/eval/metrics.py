@@ -61,6 +61,7 @@ def made_calls(trace: Any) -> list[Call]:
 
 
 def reference_calls(task: Any) -> list[Call]:
+    """The calls a task's reference run makes (its `actions`)."""
     return [(a.tool, dict(a.arguments)) for a in task.actions]
 
 

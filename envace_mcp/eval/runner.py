@@ -47,7 +47,8 @@ async def run_task(
 
     With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
     attached as the `task` reward, and its tool-call F1 against the task's reference calls as `call_f1`
-    (`eval.metrics.call_f1`; GRPO's `call_f1_weight` shapes with it). `approve` answers the gate's `ask` decisions (`EnvaceContext.approve`).
+    (`eval.metrics.call_f1`; GRPO's `call_f1_weight` shapes with it). `approve` answers the gate's
+    `ask` decisions (`EnvaceContext.approve`).
     Without a toolbox (simulated mode: `tools` are the catalog entries the agent sees) the run is scored
     by replaying its calls on the task's initial state (`score_replayed`)."""
     from envace_mcp.graph.tts import condense, imagine
