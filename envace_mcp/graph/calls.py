@@ -173,8 +173,7 @@ def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: i
     """The gate's decision for each call; calls it would run count against the real-call budget in order.
     `messages` (the conversation so far) and `specs` feed the evidence rules (`gate.Evidence`)."""
     evidence = None
-    if messages is not None and (config.block_repeated_failures or config.block_repeated_writes
-                                 or config.block_ungrounded_arguments):
+    if messages is not None and config.reads_evidence:
         evidence = Evidence.of(messages, {name: s.annotations.read_only for name, s in (specs or {}).items()})
     out = []
     for p in items:

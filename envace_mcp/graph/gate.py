@@ -86,6 +86,11 @@ class GateConfig:
     max_steps: int = 12
     """Agent turns before the run stops (the bundled tasks need at most 7)."""
 
+    @property
+    def reads_evidence(self) -> bool:
+        """Whether any evidence rule is on (`objection`), so the gate needs the run's `Evidence`."""
+        return self.block_repeated_failures or self.block_repeated_writes or self.block_ungrounded_arguments
+
 
 ADAPTER_GATE_SETTINGS = ("rehearse", "feedback_on_predicted_error", "block_destructive_on_predicted_failure",
                          "min_failure_confidence", "block_destructive_on_unusable_rehearsal")
@@ -229,14 +234,15 @@ def _identifiers(arguments: dict[str, Any], schema: dict[str, Any]) -> list[tupl
 
 def objection(call: ToolCall, spec: ToolSpec, evidence: Evidence, config: GateConfig) -> str | None:
     """Why the run's own evidence says a destructive call should not run (None: it does not)."""
-    if config.block_repeated_failures and call_key(call.name, call.arguments) in evidence.refused:
+    key = call_key(call.name, call.arguments)
+    if config.block_repeated_failures and key in evidence.refused:
         return "the server refused this exact call earlier in this run, and no write has succeeded since"
-    if config.block_repeated_writes and call_key(call.name, call.arguments) in evidence.done:
+    if config.block_repeated_writes and key in evidence.done:
         return "this exact call already succeeded earlier in this run, since the user's last message: it is done"
     if config.block_ungrounded_arguments:
-        for key, value in _identifiers(call.arguments, spec.input_schema):
+        for argument, value in _identifiers(call.arguments, spec.input_schema):
             if not evidence.grounded(value):
-                return f"{key}={value!r} appears nowhere in the user's messages or in any tool's reply"
+                return f"{argument}={value!r} appears nowhere in the user's messages or in any tool's reply"
     return None
 
 
