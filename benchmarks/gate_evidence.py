@@ -4,8 +4,9 @@ For each destructive call of a run (`results.json`'s gate value: would fail, unr
 the run's conversation up to that call is rebuilt from its trace and handed to the gate's own code
 (`gate.Evidence.of`, `gate.objection`) with `block_repeated_failures`, `block_ungrounded_arguments` and
 `block_repeated_writes` ("done") on, alone and together. Prints, per rule, how many harmful calls would
-be stopped on top of those the run's gate stopped, and how many requested writes would be (false blocks). First order: the runs are not
-replayed, so later calls are as they were; `envace eval --gate block_...=true` measures the real thing.
+be stopped on top of those the run's gate stopped, and how many requested writes would be (false
+blocks). First order: the runs are not replayed, so later calls are as they were; `envace eval --gate
+block_...=true` measures the real thing.
 
     python benchmarks/gate_evidence.py --suite bank evals/bank-val [more eval folders of that suite]
 """

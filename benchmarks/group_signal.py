@@ -68,23 +68,25 @@ def main() -> None:
             print(f"{run}: no scored groups")
             continue
         by_kind: dict[str, Counter] = defaultdict(Counter)
+        shaped_by_kind: Counter = Counter()  # groups with signal under the shaped reward
         for group_id, rewards in groups.items():
             kind = suite.task(group_id.split(":")[1]).kind
             by_kind[kind][why_uniform(rewards)] += 1
-            by_kind[kind]["shaped"] += shaped_signal(shaped[group_id], args.call_f1_weight)
+            shaped_by_kind[kind] += shaped_signal(shaped[group_id], args.call_f1_weight)
         causes = ["signal", "all passed", "all failed the state", "state right, answer check failed in all",
-                  "alike, mixed causes", "shaped"]
+                  "alike, mixed causes"]
         total = Counter()
         print(f"\n{run}: {len(groups)} groups; 'shaped': with signal at call_f1_weight {args.call_f1_weight}")
-        print(f"| kind | groups | {' | '.join(causes)} |")
-        print("|---|---|" + "---|" * len(causes))
+        print(f"| kind | groups | {' | '.join(causes)} | shaped |")
+        print("|---|---|" + "---|" * (len(causes) + 1))
         for kind, counts in sorted(by_kind.items()):
             total.update(counts)
-            n = sum(counts.values()) - counts["shaped"]
-            print(f"| {kind} | {n} | " + " | ".join(str(counts[c]) for c in causes) + " |")
-        n = sum(total.values()) - total["shaped"]
-        print(f"| all | {n} | " + " | ".join(str(total[c]) for c in causes) + " |")
-        print(f"uniform: {1 - total['signal'] / n:.2f} on the task reward, {1 - total['shaped'] / n:.2f} shaped")
+            print(f"| {kind} | {sum(counts.values())} | " + " | ".join(str(counts[c]) for c in causes)
+                  + f" | {shaped_by_kind[kind]} |")
+        n = sum(total.values())
+        shaped_total = sum(shaped_by_kind.values())
+        print(f"| all | {n} | " + " | ".join(str(total[c]) for c in causes) + f" | {shaped_total} |")
+        print(f"uniform: {1 - total['signal'] / n:.2f} on the task reward, {1 - shaped_total / n:.2f} shaped")
 
 
 if __name__ == "__main__":
