@@ -46,6 +46,11 @@ def test_eval_writes_results_table_chart_and_traces_and_compares_two_configurati
                  for s in t.steps if s.sampling is not None}
     assert ("act", 8) in budgets_b and all(n == 8 for _, n in budgets_b)  # `none`: back to --max-new-tokens
     assert {t.rewards[-1].name for t in TraceStore(out / "b" / "traces").read()} == {"task"}
+    # each run also records its tool-call F1 against the reference calls (GRPO's call_f1_weight reads it)
+    assert {t.reward("call_f1").value for t in traces_a} == {1.0}
+    from envace_mcp.eval.metrics import prf
+    f1 = {r["run_id"]: prf(r["calls"]["tp"], r["calls"]["made"], r["calls"]["reference"])["f1"] for r in b["runs"]}
+    assert {t.run_id: t.reward("call_f1").value for t in TraceStore(out / "b" / "traces").read()} == f1
     diff = json.loads((out / "compare.json").read_text())["difference"]
     assert diff["tasks"] == 3 and diff["mean"] < 0 and diff["low"] <= diff["mean"] <= diff["high"]
     md = (out / "results.md").read_text()
