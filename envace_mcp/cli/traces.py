@@ -45,7 +45,7 @@ def traces_ls(
             break
         shown += 1
         reward = trace.reward("task")
-        real = sum(1 for s in trace.steps if s.role == "tool" and not s.simulated and s.result and s.decision != "simulate")
+        real = sum(1 for s in trace.steps if s.ran and s.result)
         when = datetime.datetime.fromtimestamp(trace.started_at).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(trace.run_id[:12], trace.task_id or "-", trace.group_id or "-", trace.mode, trace.status,
                       "-" if reward is None or reward.value is None else f"{reward.value:.2f}", str(len(trace.steps)),
@@ -104,6 +104,7 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
     """Counts, success rate, the world model on executed calls, tokens, real calls made and avoided."""
     from envace_mcp.eval.metrics import fidelity_summary, rehearsal_fidelity
     from envace_mcp.eval.report import number
+    from envace_mcp.traces.schema import STOPPED
 
     store = _store(directory)
     runs, rewards, fidelity, tokens, real, avoided, generations = 0, [], [], 0, 0, 0, 0
@@ -119,9 +120,9 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
             if step.prompt_ids is not None or step.completion_ids is not None:
                 generations += 1
                 tokens += len(step.prompt_ids or []) + len(step.completion_ids or [])
-            if step.role == "tool" and not step.simulated and step.decision not in ("feedback", "block", "reject", "budget", "rejected_by_human"):
+            if step.ran:
                 real += 1
-            if step.role == "gate" and step.decision in ("feedback", "block", "reject", "budget", "simulate", "rejected_by_human"):
+            if step.role == "gate" and (step.decision in STOPPED or step.decision == "simulate"):
                 avoided += 1
     table = Table(title=f"{runs} runs in {directory}")
     table.add_column("measure")

@@ -25,13 +25,12 @@ from typing import Any
 
 from envace_mcp.policy.fidelity import field_split
 from envace_mcp.toolbox.result import ToolResult
+from envace_mcp.traces.schema import STOPPED
 
 Call = tuple[str, Any]
 FIELD_KINDS = ("echoed", "seen", "new")
 """A real result's fields: the call's own argument values, values read earlier in the run, and the rest
 (what the environment computed or made)."""
-STOPPED = ("block", "feedback", "budget", "reject", "rejected_by_human")
-"""Gate decisions that kept a proposed call from running."""
 
 
 def _key(call: Call) -> tuple[str, str]:

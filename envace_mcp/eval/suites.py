@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, Literal, Protocol
 
 from envace_mcp.errors import UserError
-from envace_mcp.eval.metrics import STOPPED
+from envace_mcp.traces.schema import STOPPED
 from envace_mcp.servers._common import (
     EPISODE_KEY,
     STATE_URI,

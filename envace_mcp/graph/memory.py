@@ -18,8 +18,8 @@ import json
 from typing import Any
 
 from envace_mcp.graph.state import RehearsalRecord
+from envace_mcp.traces.schema import STOPPED
 
-_STOPPED = {"feedback", "block", "reject", "budget", "rejected_by_human"}
 
 
 def shorten(value: Any, limit: int = 160) -> str:
@@ -62,11 +62,11 @@ def render_memory(records: list[RehearsalRecord], notes: str | None = None, *, l
     sections: list[str] = []
     if notes and notes.strip():
         sections.append(notes.strip())
-    shown = [r for r in records if r.get("prediction") is not None or r.get("decision") in _STOPPED]
+    shown = [r for r in records if r.get("prediction") is not None or r.get("decision") in STOPPED]
     if shown:
         sections.append("Calls so far:\n" + "\n".join(render_line(r) for r in shown[-limit:]))
         mismatches = sum(1 for r in records if r.get("match") is not None and r["match"] < 0.999)
-        stopped = sum(1 for r in records if r.get("decision") in _STOPPED)
+        stopped = sum(1 for r in records if r.get("decision") in STOPPED)
         sections.append(f"{mismatches} prediction(s) differed from reality; {stopped} call(s) were stopped by the gate.")
     return "\n\n".join(sections) if sections else None
 
@@ -80,7 +80,7 @@ def summarize(records: list[RehearsalRecord]) -> dict[str, Any]:
     stopped: dict[str, int] = {}
     for record in records:
         decision = record.get("decision")
-        if decision in _STOPPED and decision != "rejected_by_human":
+        if decision in STOPPED and decision != "rejected_by_human":
             stopped[decision] = stopped.get(decision, 0) + 1
     predictions = [r.get("prediction") for r in records]
     compared = [r["match"] for r in records if r.get("match") is not None]

@@ -25,8 +25,6 @@ from langchain_core.messages import AIMessage, ToolMessage
 from envace_mcp.traces.schema import Comparison, Reward, RunStatus, Step, Trace
 from envace_mcp.toolbox import ToolResult
 
-_STOPPED = {"feedback", "block", "reject", "budget", "simulate", "rejected_by_human"}
-
 
 class TraceRecorder:
     """Turns stream chunks of one run into a `Trace`."""

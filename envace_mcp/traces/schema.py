@@ -30,6 +30,9 @@ RehearseFormat = Literal["simulator", "inline"]
 model writing the tool's response turn in its own tool-response format (`policy.prompts.render_inline`).
 One definition: policies take it, traces record it."""
 RunStatus = Literal["finished", "interrupted", "failed"]
+STOPPED = frozenset({"block", "feedback", "budget", "reject", "rejected_by_human"})
+"""Gate decisions that kept a proposed call from running: its `tool` step's result is the gate's
+message to the agent ("Not executed (block): ..."), not anything the environment said."""
 
 
 class Comparison(BaseModel):
@@ -76,6 +79,12 @@ class Step(BaseModel):
     """Gate steps: how sure the rehearsal was of the outcome it predicted (the probability of its first
     token), what `GateConfig.min_failure_confidence` compares; None: not rehearsed, or no logprobs."""
     comparison: Comparison | None = None
+
+    @property
+    def ran(self) -> bool:
+        """A `tool` step whose call reached the real environment (not simulated, not stopped by the
+        gate): its `result` is an observation, what a world model may learn."""
+        return self.role == "tool" and not self.simulated and self.decision != "simulate" and self.decision not in STOPPED
 
 
 class Reward(BaseModel):

@@ -77,8 +77,7 @@ def sft_rows(traces: Iterable[Trace], encode: Callable[[str], list[int]], end_id
     for trace in traces:
         found = trace.reward(reward)
         success = found is not None and found.value is not None and found.value >= min_reward
-        real = {s.call_id: s.result for s in trace.steps
-                if s.role == "tool" and not s.simulated and s.result is not None and s.decision != "simulate"}
+        real = {s.call_id: s.result for s in trace.steps if s.ran and s.result is not None}
         for step in trace.steps:
             if step.prompt_ids is None or step.role not in roles:
                 continue

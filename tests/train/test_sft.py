@@ -138,3 +138,50 @@ def test_reference_runs_with_the_models_own_rehearsals_measure_the_world_model(t
     assert all(s.comparison is not None and s.comparison.score == 0.0 for s in tools)  # random model: wrong
     rehearsals = [s for s in trace.steps if s.role == "rehearse"]
     assert all(len(s.completion_ids) <= 8 and s.logprobs for s in rehearsals)  # sampled by the model itself
+
+
+def test_rehearse_rows_learn_only_what_the_environment_said_never_the_gates_refusals(tiny):
+    """A call the gate stopped has a tool step too, holding the gate's message ("Not executed
+    (block): ..."); a world model trained on it would learn to predict the gate, not the server."""
+    import anyio
+    from langchain_core.messages import AIMessage
+
+    from envace_mcp.eval import get_suite
+    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.graph import GateConfig, create_envace_graph
+    from envace_mcp.policy import load_policy
+    from envace_mcp.policy.forced import ForcedPolicy
+    from envace_mcp.policy.prompts import tool_call_text
+    from envace_mcp.toolbox import Toolbox
+    from envace_mcp.train.forced_runs import forced_run
+
+    _, tokenizer, folder = tiny
+    suite = get_suite("bank")
+    task = next(t for t in suite.split("test") if t.kind == "transfer_funds")
+    right = task.actions[0]
+    wrong = {**right.arguments, "amount": right.arguments["amount"] * 100}
+    reference = reference_roles(suite, task)
+
+    def act(request):
+        calls = sum(1 for m in request.messages if isinstance(m, AIMessage) and m.tool_calls)
+        return [tool_call_text("transfer", wrong), tool_call_text("transfer", right.arguments), task.answer][calls]
+
+    def rehearse(request):  # the world model foresees the overdraft, so the gate blocks it
+        if request.call.arguments["amount"] == wrong["amount"]:
+            return '<execution_result>{"error_tool_call": {"code": "EXECUTION_ERROR", "message": "Insufficient funds"}}</execution_result>'
+        return reference["rehearse"](request)
+
+    async def run():
+        async with Toolbox({"bank": suite.build_server()}) as toolbox:
+            policy = ForcedPolicy(load_policy(str(folder)), act=act, rehearse=rehearse)
+            gate = GateConfig(rehearse="all", block_destructive_on_predicted_failure=True)
+            return await forced_run(create_envace_graph().compile(), toolbox, suite, task, policy, gate)
+
+    _, _, trace = anyio.run(run)
+    tools = trace.steps_of("tool")
+    assert [s.decision for s in tools] == ["block", "execute"] and [s.ran for s in tools] == [False, True]
+    assert "Not executed" in str(tools[0].result) and len(trace.steps_of("rehearse")) == 2
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = sft_rows([trace], encode, tokenizer.eos_token_id, roles=("rehearse",))
+    assert len(rows) == 1
+    assert tokenizer.decode(rows[0].completion_ids[:-1]) == real_result_text(tools[1].result)
