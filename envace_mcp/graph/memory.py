@@ -21,7 +21,6 @@ from envace_mcp.graph.state import RehearsalRecord
 from envace_mcp.traces.schema import STOPPED
 
 
-
 def shorten(value: Any, limit: int = 160) -> str:
     """One line of JSON-ish text, cut with an ellipsis."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
