@@ -144,10 +144,9 @@ def test_rehearse_rows_learn_only_what_the_environment_said_never_the_gates_refu
     """A call the gate stopped has a tool step too, holding the gate's message ("Not executed
     (block): ..."); a world model trained on it would learn to predict the gate, not the server."""
     import anyio
-    from langchain_core.messages import AIMessage
 
     from envace_mcp.eval import get_suite
-    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.eval.reference import calls_made, reference_roles
     from envace_mcp.graph import GateConfig, create_envace_graph
     from envace_mcp.policy import load_policy
     from envace_mcp.policy.forced import ForcedPolicy
@@ -163,8 +162,8 @@ def test_rehearse_rows_learn_only_what_the_environment_said_never_the_gates_refu
     reference = reference_roles(suite, task)
 
     def act(request):
-        calls = sum(1 for m in request.messages if isinstance(m, AIMessage) and m.tool_calls)
-        return [tool_call_text("transfer", wrong), tool_call_text("transfer", right.arguments), task.answer][calls]
+        turns = [tool_call_text("transfer", wrong), tool_call_text("transfer", right.arguments), task.answer]
+        return turns[calls_made(request.messages)]
 
     def rehearse(request):  # the world model foresees the overdraft, so the gate blocks it
         if request.call.arguments["amount"] == wrong["amount"]:
