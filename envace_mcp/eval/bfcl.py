@@ -122,7 +122,7 @@ class BfclSuite(EvalOnlySuite):
             for step in trace.steps:
                 if step.role == "act":
                     steps.append([])
-                elif step.role == "tool" and step.decision in ("execute", None) and step.tool and steps:
+                elif step.ran and step.tool and steps:
                     steps[-1].append(call_string(step.tool, step.arguments or {}))
             out.append([s for s in steps if s])
         return out

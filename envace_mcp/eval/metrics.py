@@ -48,10 +48,11 @@ def call_match(made: Sequence[Call], reference: Sequence[Call]) -> dict[str, Any
 
 
 def made_calls(trace: Any) -> list[Call]:
-    """The calls a run made: those that ran or were answered by a rehearsal (not those the gate stopped);
-    in single-turn suites (BFCL AST), where nothing executes, the calls the model proposed."""
+    """The calls a run made: those that ran (approved asks too) or were answered by a rehearsal, not those
+    the gate or a human stopped; in single-turn suites (BFCL AST), where nothing executes, the calls the
+    model proposed."""
     made = [(s.tool, s.arguments or {}) for s in trace.steps
-            if s.role == "tool" and s.decision in ("execute", "simulate", None) and s.tool]
+            if s.role == "tool" and s.decision not in STOPPED and s.tool]
     if not any(s.role == "tool" for s in trace.steps):
         for step in trace.steps:
             if step.role == "act" and isinstance(step.parsed, dict):
@@ -89,14 +90,14 @@ def pass_at_k(successes: int, n: int, k: int) -> float:
 
 
 def rehearsal_fidelity(trace: Any) -> list[dict[str, Any]]:
-    """Each executed call that was rehearsed: its match score, exact or not, whether the predicted status
-    (error or result) was right, and, for a successful real result, its fields split into echoed, seen
-    and new ones with how many the prediction got (`policy.fidelity.field_split`; seen: in an earlier
-    real result of the run)."""
+    """Each call that ran (`Step.ran`: approved asks too) and was rehearsed: its match score, exact or not,
+    whether the predicted status (error or result) was right, and, for a successful real result, its
+    fields split into echoed, seen and new ones with how many the prediction got
+    (`policy.fidelity.field_split`; seen: in an earlier real result of the run)."""
     predicted = {s.call_id: s.parsed if isinstance(s.parsed, dict) else {} for s in trace.steps if s.role == "rehearse"}
     out, earlier = [], []
     for step in trace.steps:
-        if step.role != "tool" or step.simulated or not step.result or step.decision not in ("execute", None):
+        if not step.ran or not step.result:
             continue
         real_error = bool(step.result.get("is_error"))
         value = None if real_error else ToolResult.model_validate(step.result).value
@@ -140,7 +141,7 @@ def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bo
             gate[step.decision] += 1
     for role, count in ((trace.metadata or {}).get("imagined_tokens") or {}).items():
         tokens[f"imagined_{role}"] += count  # test-time rehearsal's imagined runs
-    real_calls = sum(1 for s in trace.steps if s.role == "tool" and s.decision in ("execute", None) and not s.simulated)
+    real_calls = sum(1 for s in trace.steps if s.ran)
     return {
         "task_id": task.id, "kind": getattr(task, "kind", None), "repeat": repeat, "run_id": trace.run_id,
         "score": score, "passed": score is not None and score >= 1.0, "judge_required": judge_required,

@@ -256,6 +256,30 @@ async def test_an_approver_in_the_context_answers_asks_inside_the_run_without_a_
         "executed": 1, "simulated": 0, "compared": 1, "matched": 0}
 
 
+async def test_evaluation_counts_a_call_a_human_approved_as_one_that_ran(bank):
+    """An approved `ask` keeps that decision on its tool step and it ran: `envace eval` counts it as a real,
+    made and rehearsed-and-compared call, as the graph does; the denied one is none of these."""
+    from envace_mcp.eval.metrics import made_calls, run_record
+    from envace_mcp.traces import record_run
+
+    suite, task = bank
+    a = ids(task)
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        context = EnvaceContext(policy=two_transfers(a), toolbox=toolbox.scoped(episode.meta),
+                                approve=lambda request: request["args"]["amount"] == 10,
+                                gate=GateConfig(require_approval="destructive"))
+        out, trace = await record_run(create_envace_graph().compile(),
+                                      {"messages": [HumanMessage(content=task.instruction)]}, context=context)
+    ran = {s.arguments["amount"]: (s.decision, s.ran) for s in trace.steps if s.role == "tool"}
+    assert ran == {10: ("ask", True), 20: ("rejected_by_human", False)}
+    record = run_record(trace, task, score=None)
+    assert record["real_calls"] == out["real_calls"] == 1 and record["stopped_calls"] == 1
+    assert [args["amount"] for _, args in made_calls(trace)] == [10]
+    [compared] = record["fidelity"]
+    assert compared["error_ok"] and compared["fields"]["echoed"] > 0
+
+
 async def test_simulated_mode_needs_no_server(bank, bank_catalog):
     suite, task = bank
     a = ids(task)
