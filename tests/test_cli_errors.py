@@ -44,6 +44,13 @@ def files(tmp_path_factory):
     mixed = TraceStore(root / "mixed")  # runs whose act prompts wrote tools in two formats
     for fmt in ("json", "compact"):
         mixed.append(Trace(run_id=fmt, started_at=0.0, metadata={"tool_format": fmt}))
+    from envace_mcp.traces import Reward, Step
+
+    (root / "f1.json").write_text(json.dumps({"call_f1_weight": 0.5}))
+    for name, logprobs in {"hosted": None, "unshaped": [-0.5]}.items():  # a chat model's act turn; a scored one
+        act = Step(index=0, role="act", time=0.0, prompt_ids=[1, 2], completion_ids=[3], logprobs=logprobs)
+        TraceStore(root / name).append(Trace(run_id=name, started_at=0.0, model=name, steps=[act],
+                                             rewards=[Reward(name="task", value=1.0)]))
     return root
 
 
@@ -140,6 +147,9 @@ BAD = [
      "kinds ['bingo']: not among the 'fit' split's task kinds"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "--kind", "bingo"], "--kind picks the tasks"),
     (["train", "plot", "{f}/folder"], "no metrics.jsonl in"),
+    (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/hosted"], "act turns without sampling logprobs (model: hosted)"),
+    (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/unshaped", "--config", "{f}/f1.json"],
+     "call_f1_weight adds each run's tool-call F1 against its task's reference calls, and 1 of 1 runs have no"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/fidelity.json"],
      "fidelity_weight rewards rehearsals whose call really ran, and simulated mode"),
 ]

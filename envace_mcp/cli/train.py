@@ -148,6 +148,15 @@ def train_grpo_command(
             check_rollout_mode(settings, mode)
         except EnvaceError as exc:
             _fail(exc)
+    if traces is not None:
+        from envace_mcp.train.config import refuse_unshaped, refuse_untrainable_act
+
+        runs = list(_store(traces).read())  # read here too, so runs GRPO cannot train fail before the model loads
+        try:
+            refuse_untrainable_act(runs, settings)
+            refuse_unshaped(runs, settings)
+        except EnvaceError as exc:
+            _fail(exc)
     from envace_mcp.train.trainer import OfflineGRPO
 
     try:

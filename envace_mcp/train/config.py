@@ -6,6 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from envace_mcp.errors import UserError
+from envace_mcp.traces.schema import Trace
+
 
 class GRPOConfig(BaseModel):
     """One config file for GRPO (JSON). Every default says why."""
@@ -135,7 +138,6 @@ def check_rollout_mode(config: GRPOConfig, mode: str, gate: Any = None) -> None:
     """Online GRPO: refuse a reward no rollout could earn. The fidelity reward scores rehearsals whose call
     really ran, which the gate (`graph.gate.rehearses_real_calls`; None: the default `GateConfig`) never
     allows in simulated mode, nor in mixed mode unless it rehearses reads; real-output CE needs real calls."""
-    from envace_mcp.errors import UserError
     from envace_mcp.graph.gate import GateConfig, rehearses_real_calls
 
     gate = gate or GateConfig()
@@ -146,3 +148,36 @@ def check_rollout_mode(config: GRPOConfig, mode: str, gate: Any = None) -> None:
     if config.real_output_ce and mode == "simulated":
         raise UserError("real_output_ce teaches real tool outputs, and simulated mode has none: use --mode "
                         "real or mixed, or set real_output_ce to 0")
+
+
+def refuse_untrainable_act(traces: list[Trace], config: GRPOConfig) -> None:
+    """Offline GRPO training the act role needs the logprobs each act turn was sampled with; runs whose act
+    turns have none (a foreign chat model wrote them, or teacher-forced turns recorded without scores) are
+    refused with what to do instead, rather than silently trained on one role only. Light (no torch): the
+    CLI checks before the model loads."""
+    if "act" not in config.roles:
+        return
+    bad = [t for t in traces if any(s.role == "act" and s.logprobs is None for s in t.steps)]
+    if not bad:
+        return
+    models = sorted({str(t.model) for t in bad})
+    raise UserError(f"{len(bad)} of {len(traces)} recorded runs have act turns without sampling logprobs (model: "
+                    f"{', '.join(models)}): GRPO needs the probabilities the act role sampled each token with, and a "
+                    "chat model other than this policy gives none. Put policy.as_chat_model() behind the agent and "
+                    "record again, train the rehearse role only ({\"roles\": [\"rehearse\"]}), or use these runs "
+                    "for SFT")
+
+
+def refuse_unshaped(traces: list[Trace], config: GRPOConfig) -> None:
+    """With `call_f1_weight`, every run GRPO would train on (it has the config's reward and tokens of a
+    trained role; `rows.segments`) must carry a 'call_f1' reward to shape with. Light, as above."""
+    if not config.call_f1_weight:
+        return
+    trained = [t for t in traces if (r := t.reward(config.reward)) is not None and r.value is not None
+               and any(s.role in config.roles and s.prompt_ids is not None and s.completion_ids for s in t.steps)]
+    unshaped = [t for t in trained if (f := t.reward("call_f1")) is None or f.value is None]
+    if unshaped:
+        raise UserError(f"call_f1_weight adds each run's tool-call F1 against its task's reference calls, and "
+                        f"{len(unshaped)} of {len(trained)} runs have no 'call_f1' reward (only runs of a bundled "
+                        "suite's tasks, recorded by envace eval or GRPO's rollouts, carry one): set call_f1_weight "
+                        "to 0")

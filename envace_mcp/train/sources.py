@@ -15,7 +15,8 @@ from typing import Any
 from envace_mcp.errors import UserError
 from envace_mcp.traces import Trace, TraceStore
 from envace_mcp.train.advantages import group_key, groups_of
-from envace_mcp.train.config import GRPOConfig, check_rollout_mode, rollout_kv_gb
+from envace_mcp.train.config import (GRPOConfig, check_rollout_mode, refuse_unshaped, refuse_untrainable_act,
+                                     rollout_kv_gb)
 from envace_mcp.train.learner import GRPOLearner
 from envace_mcp.train.rows import Segment, segments
 
@@ -49,14 +50,8 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
     `real_output_ce`, the rehearse prompts' real-result targets go to the learner too."""
     config = learner.config
     traces = list(traces)
+    refuse_unshaped(traces, config)
     rows = [r for r in segments(traces, reward=config.reward) if r.role in config.roles]
-    if config.call_f1_weight:
-        unshaped = {r.run_id for r in rows if r.call_f1 is None}
-        if unshaped:
-            raise UserError(f"call_f1_weight adds each run's tool-call F1 against its task's reference calls, and "
-                            f"{len(unshaped)} of {len({r.run_id for r in rows})} runs have no 'call_f1' reward "
-                            "(only runs of a bundled suite's tasks, recorded by envace eval or GRPO's rollouts, "
-                            "carry one): set call_f1_weight to 0")
     if config.real_output_ce > 0:
         from envace_mcp.train.sft import sft_rows, target_encoding
 
@@ -73,29 +68,13 @@ def has_signal(group: list[Segment], config: GRPOConfig) -> bool:
     return bool(group) and bool((step_advantages([group], config) != 0).any())
 
 
-def refuse_untrainable_act(traces: list[Trace]) -> None:
-    """GRPO's act role needs the logprobs each act turn was sampled with; runs whose act turns have none
-    (a foreign chat model wrote them, or teacher-forced turns recorded without scores) are refused with
-    what to do instead, rather than silently trained on one role only."""
-    bad = [t for t in traces if any(s.role == "act" and s.logprobs is None for s in t.steps)]
-    if not bad:
-        return
-    models = sorted({str(t.model) for t in bad})
-    raise UserError(f"{len(bad)} of {len(traces)} recorded runs have act turns without sampling logprobs (model: "
-                    f"{', '.join(models)}): GRPO needs the probabilities the act role sampled each token with, and a "
-                    "chat model other than this policy gives none. Put policy.as_chat_model() behind the agent and "
-                    "record again, train the rehearse role only ({\"roles\": [\"rehearse\"]}), or use these runs "
-                    "for SFT")
-
-
 class TraceGroups:
     """Groups of recorded runs (a trace's `group_id`: one task's K runs), `groups_per_step` at a time."""
 
     def __init__(self, traces: str | Path, learner: GRPOLearner) -> None:
         self.learner = learner
         runs = list(TraceStore(traces).read())
-        if "act" in learner.config.roles:
-            refuse_untrainable_act(runs)
+        refuse_untrainable_act(runs, learner.config)
         self.groups = trainable_groups(runs, learner)
         if not self.groups:
             raise UserError(f"no trainable groups in {traces}: need runs with tokens, logprobs and a "
