@@ -67,6 +67,7 @@ BAD = [
     (["eval", "--suite", "nosuch", "--out", "{f}/out"], "unknown suite 'nosuch'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--task", "bank/test/9999"], "no task 'bank/test/9999'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--adapter", "{f}/missing"], "'--adapter'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--rehearse-adapter", "{f}/a-file"], "'--rehearse-adapter'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "colour=blue"], "key=value"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--gate", "max_steps=abc"], "max_steps"),
     (["run", "x", "--servers", "{f}/folder"], "'--servers'"),

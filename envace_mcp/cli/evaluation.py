@@ -34,6 +34,9 @@ def eval_command(
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
     model: ModelOpt = None,
     adapter: Annotated[Optional[str], typer.Option(callback=_adapter_folder, help="a LoRA adapter folder")] = None,
+    rehearse_adapter: Annotated[Optional[str], typer.Option(
+        callback=_adapter_folder, help="the rehearse role runs the model with this adapter instead (a world model "
+                                       "trained apart, e.g. `train sft --role rehearse`; a second copy of the weights)")] = None,
     policy: Annotated[Literal["model", "reference", "noop"], typer.Option(
         help="model; reference (the tasks' reference solutions: a ceiling); "
              "noop (answers without calling anything: the floor)")] = "model",
@@ -67,10 +70,13 @@ def eval_command(
     target = _suite(suite)
     if adapter is not None and adapter.lower() == "none":
         adapter = None  # as in `envace demo`: 'none' is no adapter
+    if rehearse_adapter is not None and rehearse_adapter.lower() == "none":
+        rehearse_adapter = None
     gate_config = dataclasses.asdict(_gate(gate)) if gate else {}
     settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
-                            adapter=adapter, policy=policy, mode=mode, rehearse=rehearse, strategy=strategy,
-                            repeats=repeats, concurrency=concurrency, transport=transport, gate=gate_config,
+                            adapter=adapter, rehearse_adapter=rehearse_adapter, policy=policy, mode=mode,
+                            rehearse=rehearse, strategy=strategy, repeats=repeats, concurrency=concurrency,
+                            transport=transport, gate=gate_config,
                             max_new_tokens=max_new_tokens, rehearse_max_new_tokens=rehearse_max_new_tokens,
                             temperature=temperature, seed=seed, constrain_calls=constrain_calls)
     try:
@@ -99,7 +105,8 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
 
         with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
             try:
-                policy = load_policy(settings.model, adapter=settings.adapter, constrain_calls=settings.constrain_calls)
+                policy = load_policy(settings.model, adapter=settings.adapter, rehearse_adapter=settings.rehearse_adapter,
+                                     constrain_calls=settings.constrain_calls)
             except EnvaceError as exc:
                 _fail(exc)
     passed, scores = [0, 0], []

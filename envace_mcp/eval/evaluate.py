@@ -36,6 +36,8 @@ class EvalSettings:
     tasks: list[str] | None = None
     model: str | None = None
     adapter: str | None = None
+    rehearse_adapter: str | None = None
+    """The rehearse role runs the model with this adapter instead of `adapter` (`policy.RolePolicies`)."""
     policy: Literal["model", "reference", "noop"] = "model"
     """`model` (a transformers model: `model` + `adapter`), `reference` (the tasks' reference
     solutions and a perfect world model: the adapter's ceiling, and how its scoring is tested) or
@@ -79,6 +81,8 @@ class EvalSettings:
         parts = [self.policy if self.policy != "model" else (self.model or "embedded")]
         if self.adapter:
             parts.append(f"adapter={Path(self.adapter).name}")
+        if self.rehearse_adapter:
+            parts.append(f"rehearse_adapter={Path(self.rehearse_adapter).name}")
         parts += [f"mode={self.mode}", f"rehearse={self.rehearse}"]
         if self.rehearse_max_new_tokens is not None and self.rehearse_max_new_tokens != self.max_new_tokens:
             parts.append(f"rehearse_tokens={self.rehearse_max_new_tokens}")

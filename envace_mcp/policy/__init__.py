@@ -2,6 +2,7 @@
 
 from envace_mcp.policy.base import Policy, PromptPolicy
 from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction
+from envace_mcp.policy.roles import RolePolicies
 from envace_mcp.policy.types import (
     ActOutput,
     ActRequest,
@@ -20,6 +21,7 @@ __all__ = [
     # the seam
     "Policy",
     "PromptPolicy",
+    "RolePolicies",
     "load_policy",
     # requests and results
     "ActRequest",
@@ -40,10 +42,21 @@ __all__ = [
 ]
 
 
-def load_policy(model: str | None = None, *, adapter: str | None = None, **kwargs):  # noqa: ANN201
+def load_policy(model: str | None = None, *, adapter: str | None = None, rehearse_adapter: str | None = None,
+                **kwargs):  # noqa: ANN201
     # keyword arguments go to TransformersPolicy (dtype, max_batch_size, role_sampling, seed, …)
     """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default.
-    `"vllm:http://host:port/v1"`: a `VLLMPolicy` on that server (`adapter` is then hot-loaded into it)."""
+    `"vllm:http://host:port/v1"`: a `VLLMPolicy` on that server (`adapter` is then hot-loaded into it).
+    `rehearse_adapter`: the rehearse role runs the same model with this adapter instead (`RolePolicies`:
+    a world model trained apart from the agent; on transformers a second copy of the weights)."""
+    if rehearse_adapter is not None:
+        from envace_mcp.policy.roles import RolePolicies
+
+        act = load_policy(model, adapter=adapter, **kwargs)
+        kwargs.pop("constrain_calls", None)  # constrained decoding shapes tool calls, which rehearsals do not write
+        kwargs.pop("tool_format", None)  # each adapter renders the tools as its envace.json says
+        rehearse = load_policy(model, adapter=rehearse_adapter, **kwargs)
+        return RolePolicies(act, rehearse, name=f"{act.name} + rehearse adapter {rehearse_adapter}")
     from envace_mcp.policy.vllm import PREFIX
 
     if model is not None and model.startswith(PREFIX):

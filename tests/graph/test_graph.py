@@ -280,6 +280,30 @@ async def test_evaluation_counts_a_call_a_human_approved_as_one_that_ran(bank):
     assert compared["error_ok"] and compared["fields"]["echoed"] > 0
 
 
+async def test_a_world_model_apart_from_the_agent_rehearses_and_the_gate_acts_on_its_prediction(bank):
+    """`RolePolicies`: the agent proposes, a second policy rehearses; its predicted failure blocks the
+    transfer below the savings minimum on the real server, and the trace names both."""
+    from envace_mcp.policy import RolePolicies
+    from envace_mcp.traces import record_run
+
+    suite, task = bank
+    trap = task.trap.arguments
+    agent = ScriptedPolicy(act=[call("transfer", **trap), "I can't do that."])
+    world = ScriptedPolicy(rehearse=['<execution_result>{"error_tool_call": {"code": "EXECUTION_ERROR", '
+                                     '"message": "savings would drop below the minimum"}}</execution_result>'])
+    agent.name, world.name = "agent", "world"
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        context = EnvaceContext(policy=RolePolicies(agent, world), toolbox=toolbox.scoped(episode.meta))
+        out, trace = await record_run(create_envace_graph().compile(),
+                                      {"messages": [HumanMessage(content=task.instruction)]}, context=context)
+        final = await episode.final_state(toolbox)
+    agent.assert_complete()
+    world.assert_complete()
+    assert out["rehearsals"][0]["decision"] == "block" and final == task.initial_state
+    assert trace.model == "agent + rehearse: world"
+
+
 async def test_simulated_mode_needs_no_server(bank, bank_catalog):
     suite, task = bank
     a = ids(task)

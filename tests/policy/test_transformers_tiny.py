@@ -189,3 +189,33 @@ async def test_a_rehearsed_calls_confidence_is_the_probability_of_the_first_toke
     assert generation.logprobs and generation.parsed.confidence is None  # the backend's own parse is untouched
     assert done.prediction.confidence == pytest.approx(math.exp(generation.logprobs[0]))
     assert 0.0 < done.prediction.confidence <= 1.0
+
+
+async def test_a_second_adapter_runs_the_rehearse_role_and_the_first_the_act_role(tiny_qwen3_dir, tmp_path, bank_catalog):
+    """`load_policy(rehearse_adapter=...)`: act turns as the act adapter alone writes them, rehearsals as the
+    rehearse adapter alone writes them, each in the prompt format its own envace.json names."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.policy import RolePolicies
+    from envace_mcp.policy.tool_text import write_adapter_format
+
+    for seed, name, formats in ((0, "agent", ("compact", "inline")), (1, "world", ("json", "simulator"))):
+        torch.manual_seed(seed)
+        lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir),
+                              LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        lora.save_pretrained(tmp_path / name)
+        write_adapter_format(tmp_path / name, *formats)
+    both = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"), rehearse_adapter=str(tmp_path / "world"))
+    agent = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"))
+    world = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "world"))
+    assert isinstance(both, RolePolicies) and (both.tool_format, both.rehearse_format) == ("compact", "simulator")
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    act = ActRequest(task="What is the balance of CHK-1?", tools=bank_catalog)
+    rehearse = RehearseRequest(call=ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"}),
+                               tool=bank_catalog[1], allowed=bank_catalog)
+    mine, alone = await both.act(act, greedy), await agent.act(act, greedy)
+    assert (mine.prompt_ids, mine.completion_ids, mine.logprobs) == (alone.prompt_ids, alone.completion_ids, alone.logprobs)
+    mine, alone, other = [await p.rehearse(rehearse, greedy) for p in (both, world, agent)]
+    assert (mine.prompt_ids, mine.completion_ids, mine.logprobs) == (alone.prompt_ids, alone.completion_ids, alone.logprobs)
+    assert mine.prompt_format == "simulator" and other.prompt_format == "inline"

@@ -1,0 +1,61 @@
+"""Two policies behind one: the act role (and critique) from one, the rehearse role from another.
+
+EnvACE trains one model in both roles. At 135M parameters with one LoRA adapter that is a trade: rows
+that teach the world model the agent's own errors (mostly the server's refusals) pulled the shared
+weights toward refusing, and the act role stopped calling tools (docs/evidence.md, fifteenth session),
+while the same adapter's rehearse role had learnt to foresee 14 of 19 of the agent's held-out failing
+calls (the sixteenth). `RolePolicies` pairs an agent with a world model trained apart — the same base
+model with a second adapter (`load_policy(..., rehearse_adapter=DIR)`), or any other policy — and
+leaves the graph, the gate and the traces as they are.
+
+Cost: each policy holds its own weights (a second copy of the base model for a second adapter on the
+transformers backend; one vLLM server serves both adapters), and an inline rehearsal no longer reuses
+the act turn's cached prefix, so every rehearsal prefills its whole prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envace_mcp.policy.types import (
+    ActOutput,
+    ActRequest,
+    Critique,
+    CritiqueRequest,
+    Generation,
+    Prediction,
+    RehearseRequest,
+    SamplingParams,
+)
+
+
+class RolePolicies:
+    """A `Policy` whose act and critique turns come from `act` and whose rehearsals come from `rehearse`.
+    Each generation records its own policy's name as its model; the trace's formats are the ones each role
+    rendered its prompts in (`tool_format` of the act policy, `rehearse_format` of the rehearse policy)."""
+
+    def __init__(self, act: Any, rehearse: Any, *, name: str | None = None) -> None:
+        self.act_policy = act
+        self.rehearse_policy = rehearse
+        self.name = name or f"{getattr(act, 'name', 'policy')} + rehearse: {getattr(rehearse, 'name', 'policy')}"
+
+    @property
+    def tool_format(self) -> str | None:
+        return getattr(self.act_policy, "tool_format", None)
+
+    @property
+    def rehearse_format(self) -> str | None:
+        return getattr(self.rehearse_policy, "rehearse_format", None)
+
+    async def act(self, request: ActRequest, sampling: SamplingParams | None = None) -> Generation[ActOutput]:
+        return await self.act_policy.act(request, sampling)
+
+    async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
+        return await self.rehearse_policy.rehearse(request, sampling)
+
+    async def critique(self, request: CritiqueRequest, sampling: SamplingParams | None = None) -> Generation[Critique]:
+        return await self.act_policy.critique(request, sampling)
+
+    def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
+        """The act role as a LangChain chat model (as `PromptPolicy.as_chat_model`)."""
+        return self.act_policy.as_chat_model(sampling=sampling)
