@@ -54,3 +54,20 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+def random_lora(model_dir: Path, out: Path, seed: int, formats: tuple[str, str] | None = None) -> Path:
+    """A LoRA adapter with random (non-zero) weights on a tiny model, and optionally its envace.json
+    (tool format, rehearse format)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.policy.tool_text import write_adapter_format
+
+    torch.manual_seed(seed)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir),
+                   LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).save_pretrained(out)
+    if formats:
+        write_adapter_format(out, *formats)
+    return out

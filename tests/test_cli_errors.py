@@ -90,6 +90,7 @@ BAD = [
     (["run", "x", "--model", "./no/such/model"], "'--model'"),
     (["run", "x", "--model", "{f}/a-file"], "'--model'"),
     (["run", "x", "--traces", "{f}/a-file"], "'--traces'"),
+    (["run", "x", "--rehearse-adapter", "{f}/missing"], "'--rehearse-adapter'"),
     (["demo", "--transport", "pigeon"], "'--transport'"),
     (["demo", "--domain", "casino"], "unknown suite 'casino'"),
     (["demo", "--task", "bank/test/9999"], "no task"),

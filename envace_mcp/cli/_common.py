@@ -140,6 +140,10 @@ def _catalog_table(catalog: Any) -> Table:
 AdapterOpt = Annotated[Optional[str], typer.Option(
     callback=_adapter_folder,
     help="a LoRA adapter folder; with the embedded model the shipped bank adapter is the default, 'none' for the bare model")]
+RehearseAdapterOpt = Annotated[Optional[str], typer.Option(
+    callback=_adapter_folder,
+    help="the rehearse role runs the model with this adapter instead: a world model trained apart from the agent "
+         "(e.g. `train sft --role rehearse`); a second copy of the weights")]
 
 
 def _fail(exc: Exception) -> NoReturn:

@@ -11,6 +11,7 @@ import typer
 from envace_mcp.cli._common import (
     AdapterOpt,
     ModelOpt,
+    RehearseAdapterOpt,
     RehearseTokensOpt,
     ServersOpt,
     TracesOut,
@@ -124,6 +125,7 @@ def run_command(
     servers: ServersOpt = None,
     model: ModelOpt = None,
     adapter: AdapterOpt = None,
+    rehearse_adapter: RehearseAdapterOpt = None,
     mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(help="where tool results come from")] = "real",
     rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
     strategy: Annotated[Literal["parallel", "sequential"], typer.Option(help="test-time rehearsal strategy")] = "parallel",
@@ -143,12 +145,15 @@ def run_command(
     highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
     terminal; --yes approves); the run ends with a summary."""
     gate_config, adapter_folder = _agent_gate(gate, model, adapter)
+    if rehearse_adapter is not None and rehearse_adapter.lower() == "none":
+        rehearse_adapter = None
     anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, strategy, gate_config,
-              _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes, constrain_calls)
+              _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes, constrain_calls,
+              rehearse_adapter)
 
 
 async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes,  # noqa: ANN001
-               constrain_calls) -> None:
+               constrain_calls, rehearse_adapter) -> None:
     from langchain_core.messages import HumanMessage
 
     from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
@@ -159,7 +164,7 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
 
     with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
-            policy = load_policy(model, adapter=adapter, constrain_calls=constrain_calls)
+            policy = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter, constrain_calls=constrain_calls)
         except EnvaceError as exc:
             _fail(exc)
     try:

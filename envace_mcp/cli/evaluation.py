@@ -11,6 +11,7 @@ import typer
 
 from envace_mcp.cli._common import (
     ModelOpt,
+    RehearseAdapterOpt,
     RehearseTokensOpt,
     SplitOpt,
     _adapter_folder,
@@ -34,9 +35,7 @@ def eval_command(
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
     model: ModelOpt = None,
     adapter: Annotated[Optional[str], typer.Option(callback=_adapter_folder, help="a LoRA adapter folder")] = None,
-    rehearse_adapter: Annotated[Optional[str], typer.Option(
-        callback=_adapter_folder, help="the rehearse role runs the model with this adapter instead (a world model "
-                                       "trained apart, e.g. `train sft --role rehearse`; a second copy of the weights)")] = None,
+    rehearse_adapter: RehearseAdapterOpt = None,
     policy: Annotated[Literal["model", "reference", "noop"], typer.Option(
         help="model; reference (the tasks' reference solutions: a ceiling); "
              "noop (answers without calling anything: the floor)")] = "model",

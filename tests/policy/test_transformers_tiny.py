@@ -194,18 +194,12 @@ async def test_a_rehearsed_calls_confidence_is_the_probability_of_the_first_toke
 async def test_a_second_adapter_runs_the_rehearse_role_and_the_first_the_act_role(tiny_qwen3_dir, tmp_path, bank_catalog):
     """`load_policy(rehearse_adapter=...)`: act turns as the act adapter alone writes them, rehearsals as the
     rehearse adapter alone writes them, each in the prompt format its own envace.json names."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from helpers import random_lora
 
     from envace_mcp.policy import RolePolicies
-    from envace_mcp.policy.tool_text import write_adapter_format
 
-    for seed, name, formats in ((0, "agent", ("compact", "inline")), (1, "world", ("json", "simulator"))):
-        torch.manual_seed(seed)
-        lora = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir),
-                              LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-        lora.save_pretrained(tmp_path / name)
-        write_adapter_format(tmp_path / name, *formats)
+    random_lora(tiny_qwen3_dir, tmp_path / "agent", 0, ("compact", "inline"))
+    random_lora(tiny_qwen3_dir, tmp_path / "world", 1, ("json", "simulator"))
     both = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"), rehearse_adapter=str(tmp_path / "world"))
     agent = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"))
     world = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "world"))
