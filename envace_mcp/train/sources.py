@@ -15,8 +15,13 @@ from typing import Any
 from envace_mcp.errors import UserError
 from envace_mcp.traces import Trace, TraceStore
 from envace_mcp.train.advantages import group_key, groups_of
-from envace_mcp.train.config import (GRPOConfig, check_rollout_mode, refuse_unshaped, refuse_untrainable_act,
-                                     rollout_kv_gb)
+from envace_mcp.train.config import (
+    GRPOConfig,
+    check_rollout_mode,
+    refuse_unshaped,
+    refuse_untrainable_act,
+    rollout_kv_gb,
+)
 from envace_mcp.train.learner import GRPOLearner
 from envace_mcp.train.rows import Segment, segments
 
