@@ -151,7 +151,7 @@ def train_grpo_command(
     if traces is not None:
         from envace_mcp.train.config import refuse_unshaped, refuse_untrainable_act
 
-        runs = list(_store(traces).read())  # read here too, so runs GRPO cannot train fail before the model loads
+        runs = list(_store(traces).read())  # read before the model loads, so runs GRPO cannot train fail first
         try:
             refuse_untrainable_act(runs, settings)
             refuse_unshaped(runs, settings)
@@ -161,7 +161,7 @@ def train_grpo_command(
 
     try:
         if traces is not None:
-            trainer: Any = OfflineGRPO(settings, _store(traces).directory, out)
+            trainer: Any = OfflineGRPO(settings, _store(traces).directory, out, runs=runs)
         else:
             trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split, rehearse_max_new_tokens)
         records = _interruptible(trainer.run)

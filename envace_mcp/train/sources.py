@@ -76,9 +76,10 @@ def has_signal(group: list[Segment], config: GRPOConfig) -> bool:
 class TraceGroups:
     """Groups of recorded runs (a trace's `group_id`: one task's K runs), `groups_per_step` at a time."""
 
-    def __init__(self, traces: str | Path, learner: GRPOLearner) -> None:
+    def __init__(self, traces: str | Path, learner: GRPOLearner, *, runs: list[Trace] | None = None) -> None:
+        """`runs`: the folder's runs, already read (the CLI reads them to check them before the model loads)."""
         self.learner = learner
-        runs = list(TraceStore(traces).read())
+        runs = list(TraceStore(traces).read()) if runs is None else runs
         refuse_untrainable_act(runs, learner.config)
         self.groups = trainable_groups(runs, learner)
         if not self.groups:

@@ -124,9 +124,9 @@ class OfflineGRPO(GRPOTrainer):
     """GRPO from recorded traces (a folder or file the `TraceStore` reads)."""
 
     def __init__(self, config: GRPOConfig, traces: str | Path, out: str | Path, *, model: Any = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, runs: list[Any] | None = None) -> None:
         learner = GRPOLearner(config, model=model, tokenizer=tokenizer)
-        super().__init__(config, learner, TraceGroups(traces, learner), out)
+        super().__init__(config, learner, TraceGroups(traces, learner, runs=runs), out)
 
     @property
     def groups(self) -> list[list[Segment]]:
