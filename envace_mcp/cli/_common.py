@@ -140,8 +140,14 @@ def _catalog_table(catalog: Any) -> Table:
 AdapterOpt = Annotated[Optional[str], typer.Option(
     callback=_adapter_folder,
     help="a LoRA adapter folder; with the embedded model the shipped bank adapter is the default, 'none' for the bare model")]
+def _rehearse_adapter_folder(value: str | None) -> str | None:
+    """As `_adapter_folder`; 'none' is no second adapter (the act adapter rehearses, as without the option)."""
+    value = _adapter_folder(value)
+    return None if value is not None and value.lower() == "none" else value
+
+
 RehearseAdapterOpt = Annotated[Optional[str], typer.Option(
-    callback=_adapter_folder,
+    callback=_rehearse_adapter_folder,
     help="the rehearse role runs the model with this adapter instead: a world model trained apart from the agent "
          "(e.g. `train sft --role rehearse`); a second copy of the weights")]
 

@@ -145,8 +145,6 @@ def run_command(
     highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
     terminal; --yes approves); the run ends with a summary."""
     gate_config, adapter_folder = _agent_gate(gate, model, adapter)
-    if rehearse_adapter is not None and rehearse_adapter.lower() == "none":
-        rehearse_adapter = None
     anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, strategy, gate_config,
               _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes, constrain_calls,
               rehearse_adapter)

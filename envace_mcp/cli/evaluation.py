@@ -69,8 +69,6 @@ def eval_command(
     target = _suite(suite)
     if adapter is not None and adapter.lower() == "none":
         adapter = None  # as in `envace demo`: 'none' is no adapter
-    if rehearse_adapter is not None and rehearse_adapter.lower() == "none":
-        rehearse_adapter = None
     gate_config = dataclasses.asdict(_gate(gate)) if gate else {}
     settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
                             adapter=adapter, rehearse_adapter=rehearse_adapter, policy=policy, mode=mode,
