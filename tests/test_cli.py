@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
 
 
@@ -58,13 +60,14 @@ def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
     assert vllm.returncode == 2 and "transformers backend" in vllm.stderr
 
 
-def test_run_with_a_second_adapter_for_the_rehearse_role_names_both_in_its_trace(tiny_qwen3_dir, tmp_path):
+@pytest.mark.parametrize("command", [["run", "What is the balance of CHK-9995?"], ["demo", "--max-steps", "1"]])
+def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace(command, tiny_qwen3_dir, tmp_path):
     from helpers import random_lora
 
     from envace_mcp.traces import TraceStore
 
     agent, world = random_lora(tiny_qwen3_dir, tmp_path / "agent", 0), random_lora(tiny_qwen3_dir, tmp_path / "world", 1)
-    out = run("run", "What is the balance of CHK-9995?", "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
+    out = run(*command, "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
               "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--gate", "max_steps=1",
               "--traces", str(tmp_path / "traces"), timeout=300)
     assert out.returncode == 0, out.stderr

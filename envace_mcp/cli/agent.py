@@ -43,6 +43,7 @@ def demo(
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
     rehearse_max_new_tokens: RehearseTokensOpt = None,
     traces: TracesOut = None,
+    rehearse_adapter: RehearseAdapterOpt = None,
 ) -> None:
     """The main job: the agent works a bundled server's test task over a real MCP transport.
 
@@ -87,7 +88,7 @@ def demo(
 
                 with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
                     try:
-                        policy = load_policy(model, adapter=adapter_folder)
+                        policy = load_policy(model, adapter=adapter_folder, rehearse_adapter=rehearse_adapter)
                     except EnvaceError as exc:
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
