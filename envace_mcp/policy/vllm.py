@@ -19,6 +19,7 @@ use offset"); `send_seeds=True` sends them to servers that take them (GPUs).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -160,7 +161,7 @@ class VLLMPolicy(TokenPolicy):
         finish on the old weights, new ones wait for the new) where the server has vLLM's RL routes
         (`VLLM_SERVER_DEV_MODE=1`); on a server without them (404) the swap happens live."""
         self.weight_version += 1
-        name = name or f"{Path(folder).name}-v{self.weight_version}"
+        name = name or adapter_name(folder, self.weight_version)
         paused = pause and self._pause()
         try:
             self.client.request_sync("POST", "/load_lora_adapter", {"lora_name": name,
@@ -191,6 +192,15 @@ class VLLMPolicy(TokenPolicy):
     async def aclose(self) -> None:
         """Close this event loop's connections to the server."""
         await self.client.aclose()
+
+
+def adapter_name(folder: str | Path, version: int) -> str:
+    """The name an adapter folder is served under: its folder name, a digest of its full path and the
+    client's weight version. The digest keeps two folders of one name apart (`runs/a/final` and
+    `runs/b/final`, an agent and its world model on one server), which would otherwise share a name and
+    so, loaded in place, one set of weights."""
+    digest = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:8]
+    return f"{Path(folder).name}-{digest}-v{version}"
 
 
 def _tokenizer(source: str | Path) -> Any:

@@ -14,6 +14,7 @@ import pytest
 
 from envace_mcp.errors import BackendError, UserError
 from envace_mcp.policy import SamplingParams, load_policy
+from envace_mcp.policy.vllm import adapter_name
 
 VLLM_PYTHON = os.environ.get("ENVACE_VLLM_PYTHON")
 
@@ -131,7 +132,7 @@ def test_an_adapter_swap_pauses_generation_where_the_server_can(tiny_qwen3_dir, 
     routes = _Routes(answers)
     try:
         policy = VLLMPolicy(routes.url, AutoTokenizer.from_pretrained(tiny_qwen3_dir), model="base", eos_ids={0})
-        assert policy.load_adapter(tmp_path) == f"{tmp_path.name}-v1" and policy.pause_supported is has_pause
+        assert policy.load_adapter(tmp_path) == adapter_name(tmp_path, 1) and policy.pause_supported is has_pause
         policy.load_adapter(tmp_path)
         swap = ["/v1/load_lora_adapter"]
         if has_pause:
@@ -144,6 +145,15 @@ def test_an_adapter_swap_pauses_generation_where_the_server_can(tiny_qwen3_dir, 
             assert routes.paths == ["/pause?mode=wait", *swap, *swap]
     finally:
         routes.close()
+
+
+def test_two_adapter_folders_of_one_name_are_served_under_two_names(tmp_path):
+    """An agent and its world model from two runs (`a/final`, `b/final`) on one server: the same folder
+    name must not mean the same weights."""
+    a, b = tmp_path / "a" / "final", tmp_path / "b" / "final"
+    assert adapter_name(a, 1) != adapter_name(b, 1)
+    assert adapter_name(a, 1).startswith("final-") and adapter_name(a, 1).endswith("-v1")
+    assert adapter_name(a, 2) == adapter_name(tmp_path / "a" / ".." / "a" / "final", 2)  # the folder, not its spelling
 
 
 @needs_server
@@ -167,7 +177,7 @@ async def test_a_graph_run_on_vllm_records_what_the_server_sampled_and_the_train
     from envace_mcp.toolbox import Toolbox
 
     policy = load_policy(f"vllm:{vllm_server[1]}", adapter=embedded_adapter())
-    assert policy.model == "smollm2-bank-v1" and policy.weight_version == 1
+    assert policy.model == adapter_name(embedded_adapter(), 1) and policy.weight_version == 1
     suite = get_suite("bank")
     task = suite.split("test")[0]
     sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=7)  # the seed is not sent to a CPU server
@@ -209,13 +219,42 @@ async def test_hot_loading_an_adapter_changes_what_the_server_samples(vllm_serve
         if version:
             checkpoint = tmp_path / "step-1"
             shutil.copytree(embedded_adapter(), checkpoint)
-            assert policy.load_adapter(checkpoint) == "step-1-v1" and policy.pause_supported  # paused around it
+            assert policy.load_adapter(checkpoint) == adapter_name(checkpoint, 1) and policy.pause_supported  # paused around it
             assert policy.client.request_sync("GET", "/is_paused", root=True) == {"is_paused": False}
         run = await run_task(suite, task, policy=policy, toolbox=None, mode="simulated", tools=bank_catalog,
                              gate=GateConfig(max_steps=1, rehearse="none"), sampling={"act": greedy})
         first.append(next(((s.tool, s.arguments) for s in run.trace.steps if s.role == "tool"), None))
     want = task.actions[0]
     assert first == [None, (want.tool, want.arguments)]
+    assert vllm_server[0].poll() is None
+
+
+@needs_server
+@pytest.mark.anyio
+async def test_an_agent_and_a_world_model_share_one_server_each_under_its_own_adapter(vllm_server, bank_catalog,
+                                                                                      tmp_path):
+    """`load_policy("vllm:...", adapter=A, rehearse_adapter=W)`: two clients of one server, each hot-loading
+    its adapter. Act turns are what A alone writes, rehearsals what W alone writes (greedy), though both
+    folders are named alike; and W's rehearsal differs from A's, so a mix-up would show."""
+    from helpers import random_lora
+
+    from envace_mcp.policy import ActRequest, RehearseRequest, RolePolicies, ToolCall
+    from envace_mcp.policy.embedded import embedded_model_dir
+
+    agent = random_lora(embedded_model_dir(), tmp_path / "agent" / "adapter", 0)
+    world = random_lora(embedded_model_dir(), tmp_path / "world" / "adapter", 1)
+    url = f"vllm:{vllm_server[1]}"
+    both = load_policy(url, adapter=str(agent), rehearse_adapter=str(world))
+    alone = {"agent": load_policy(url, adapter=str(agent)), "world": load_policy(url, adapter=str(world))}
+    assert isinstance(both, RolePolicies) and both.act_policy.model != both.rehearse_policy.model
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    act = ActRequest(task="What is the balance of CHK-1?", tools=bank_catalog)
+    rehearse = RehearseRequest(call=ToolCall(id="c", name="get_balance", arguments={"account_id": "CHK-1"}),
+                               tool=bank_catalog[1], allowed=bank_catalog)
+    mine, solo = await both.act(act, greedy), await alone["agent"].act(act, greedy)
+    assert mine.completion_ids == solo.completion_ids
+    mine, solo, other = [await p.rehearse(rehearse, greedy) for p in (both, alone["world"], alone["agent"])]
+    assert mine.completion_ids == solo.completion_ids != other.completion_ids
     assert vllm_server[0].poll() is None
 
 
