@@ -61,18 +61,25 @@ def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
 
 
 @pytest.mark.parametrize("command", [["run", "What is the balance of CHK-9995?"], ["demo", "--max-steps", "1"]])
-def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace(command, tiny_qwen3_dir, tmp_path):
+def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_gate_is_trusted(command, tiny_qwen3_dir,
+                                                                                               tmp_path):
+    """The trace names both adapters; the gate starts from what the world model's adapter recommends (how
+    far to trust its rehearsals), not the agent's, whose world model this run does not use."""
     from helpers import random_lora
 
     from envace_mcp.traces import TraceStore
 
     agent, world = random_lora(tiny_qwen3_dir, tmp_path / "agent", 0), random_lora(tiny_qwen3_dir, tmp_path / "world", 1)
+    (agent / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True}}))
+    (world / "envace.json").write_text(json.dumps({"gate": {"min_failure_confidence": 0.7}}))
     out = run(*command, "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
               "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--gate", "max_steps=1",
               "--traces", str(tmp_path / "traces"), timeout=300)
     assert out.returncode == 0, out.stderr
     (trace,) = TraceStore(tmp_path / "traces").read()
     assert trace.model == f"{tiny_qwen3_dir} + rehearse adapter {world}"
+    assert "gate from the rehearse adapter's envace.json: min_failure_confidence=0.7" in out.stdout
+    assert trace.gate["min_failure_confidence"] == 0.7 and trace.gate["block_destructive_on_unusable_rehearsal"] is False
 
 
 def test_demo_over_http_for_retail():

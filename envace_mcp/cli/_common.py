@@ -252,20 +252,23 @@ rehearsed outcome); `--gate require_approval=never` or `--yes` for unattended ru
 
 
 def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announce: bool = True,
-                **overrides: Any) -> tuple[Any, str | None]:
+                rehearse_adapter: str | None = None, **overrides: Any) -> tuple[Any, str | None]:
     """`envace demo` / `envace run`: the adapter to load (`default_adapter`) and the gate, built from
-    INTERACTIVE_GATE, then what the adapter's envace.json recommends (`adapter_gate`), then `--gate`,
-    then `overrides`. The recommendation is printed, so a run never hides where a setting came from."""
+    INTERACTIVE_GATE, then what the world model's adapter recommends in its envace.json (`adapter_gate`;
+    the rehearse adapter's when there is one, since the recommendation says how far to trust the
+    rehearsals measured with those weights), then `--gate`, then `overrides`. The recommendation is
+    printed, so a run never hides where a setting came from."""
     from envace_mcp.graph import adapter_gate
     from envace_mcp.policy.embedded import default_adapter
 
     try:
         folder = default_adapter(model, adapter)
-        recommended = adapter_gate(folder)
+        recommended = adapter_gate(rehearse_adapter if rehearse_adapter is not None else folder)
     except EnvaceError as exc:
         _fail(exc)
     config = _gate(spec, {**INTERACTIVE_GATE, **recommended}, **overrides)
     if recommended and announce:  # after every check of the command line: a bad one prints nothing else
         shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
-        console.print(f"[dim]gate from the adapter's envace.json: {shown} (--gate overrides)[/]")
+        whose = "the rehearse adapter's" if rehearse_adapter is not None else "the adapter's"
+        console.print(f"[dim]gate from {whose} envace.json: {shown} (--gate overrides)[/]")
     return config, folder

@@ -64,7 +64,8 @@ def demo(
             task = suite.split("test")[0]
     except EnvaceError as exc:
         _fail(exc)
-    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, max_steps=max_steps)
+    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, rehearse_adapter=rehearse_adapter,
+                                              max_steps=max_steps)
 
     async def main(config: dict[str, Any]) -> None:
         async with Toolbox(config) as toolbox:
@@ -145,7 +146,7 @@ def run_command(
     Each proposed call, its rehearsal, the gate's decision and the real result are shown, mismatches
     highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
     terminal; --yes approves); the run ends with a summary."""
-    gate_config, adapter_folder = _agent_gate(gate, model, adapter)
+    gate_config, adapter_folder = _agent_gate(gate, model, adapter, rehearse_adapter=rehearse_adapter)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, strategy, gate_config,
               _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes, constrain_calls,
               rehearse_adapter)
