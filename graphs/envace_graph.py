@@ -4,7 +4,8 @@ Reading the graph or its schemas starts nothing. The first run loads the model a
 servers, in a worker thread (LangGraph's server refuses blocking calls on its event loop, and they
 would stall every other run), from the run's context (`{"servers": "mcp.json", "model": null,
 "adapter": null, "mode": "real"}`) or from the environment (`ENVACE_SERVERS`, `ENVACE_MODEL`,
-`ENVACE_ADAPTER`, `ENVACE_MODE`). With no model named it is `envace demo`'s: the embedded SmolLM2
+`ENVACE_ADAPTER`, `ENVACE_MODE`; `rehearse_adapter` / `ENVACE_REHEARSE_ADAPTER`: a world model's
+own adapter). With no model named it is `envace demo`'s: the embedded SmolLM2
 with its shipped adapter. The server supplies persistence, so the graph is compiled without a
 checkpointer here.
 """
@@ -26,6 +27,7 @@ class ServedContext(_Served):
     servers: str | None = field(default_factory=lambda: os.environ.get("ENVACE_SERVERS"))
     model: str | None = field(default_factory=lambda: os.environ.get("ENVACE_MODEL"))
     adapter: str | None = field(default_factory=lambda: os.environ.get("ENVACE_ADAPTER"))
+    rehearse_adapter: str | None = field(default_factory=lambda: os.environ.get("ENVACE_REHEARSE_ADAPTER"))
     mode: Mode = field(default_factory=lambda: os.environ.get("ENVACE_MODE", "real"))  # type: ignore[assignment]
 
 

@@ -23,12 +23,16 @@ class ServedContext(EnvaceContext):
     adapter: str | None = None
     """LoRA adapter for `model`: `None` = the shipped one with the embedded model (as `envace demo`),
     none with other models; `"none"` = no adapter."""
+    rehearse_adapter: str | None = None
+    """A second LoRA adapter for `model` that runs the rehearse role (a world model trained apart from the
+    agent, `load_policy(rehearse_adapter=...)`); its recommended gate is the one started from."""
     servers: str | None = None
     """Path of an `mcpServers` JSON file for the toolbox when `toolbox` is not given."""
     gate: GateConfig | dict[str, Any] | None = None  # type: ignore[assignment]
     """A `GateConfig`, or its settings as the context's JSON gives them (`{"require_approval":
-    "destructive"}`), over what the loaded adapter recommends (`adapter_gate`, as `envace demo` starts
-    from it; nothing when `policy` is given) and GateConfig's defaults."""
+    "destructive"}`), over what the loaded world model's adapter recommends (`adapter_gate`, as `envace
+    demo` starts from it; `rehearse_adapter`'s when given; nothing when `policy` is given) and GateConfig's
+    defaults."""
 
     def _needs_toolbox(self) -> bool:
         return self.toolbox is None and bool(self.servers) and self.mode != "simulated"
@@ -38,10 +42,11 @@ class ServedContext(EnvaceContext):
         process-wide, on first use; blocking)."""
         if not isinstance(self.gate, GateConfig):
             settings = gate_settings(self.gate or {}, "the context's gate")  # a bad one fails before anything loads
-            recommended = {} if self.policy is not None else adapter_gate(default_adapter(self.model, self.adapter))
+            world = self.rehearse_adapter or default_adapter(self.model, self.adapter)
+            recommended = {} if self.policy is not None else adapter_gate(world)
             self.gate = GateConfig(**{**recommended, **settings})
         if self.policy is None:
-            self.policy = _shared_policy(self.model, self.adapter)
+            self.policy = _shared_policy(self.model, self.adapter, self.rehearse_adapter)
         if self._needs_toolbox():
             self.toolbox = _shared_toolbox(self.servers)  # type: ignore[arg-type]
         return self
@@ -59,14 +64,14 @@ _SHARED: dict[tuple[str | None, ...], Any] = {}
 _LOADING = threading.Lock()  # two first runs at once load one copy
 
 
-def _shared_policy(model: str | None, adapter: str | None = None) -> Any:
+def _shared_policy(model: str | None, adapter: str | None = None, rehearse_adapter: str | None = None) -> Any:
     adapter = default_adapter(model, adapter)
-    key = ("policy", model, adapter)
+    key = ("policy", model, adapter, rehearse_adapter)
     with _LOADING:
         if key not in _SHARED:
             from envace_mcp.policy import load_policy
 
-            _SHARED[key] = load_policy(model, adapter=adapter)
+            _SHARED[key] = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter)
     return _SHARED[key]
 
 

@@ -100,6 +100,13 @@ def test_a_served_context_starts_from_the_gate_its_adapter_recommends_and_its_ow
         assert ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), gate=chosen).load().gate is chosen
         given = ServedContext(policy=ScriptedPolicy(act=["done"]), adapter=str(adapter)).load().gate
         assert given == GateConfig()  # the adapter named does not describe a policy given as an object
+        world = tmp_path / "world"  # a world model of its own: its recommendation, and it rehearses
+        get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir), LoraConfig(r=2, target_modules=["q_proj"])
+                       ).save_pretrained(world)
+        (world / "envace.json").write_text(json.dumps({"gate": {"min_failure_confidence": 0.6}}))
+        served = ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), rehearse_adapter=str(world)).load()
+        assert served.gate == GateConfig(min_failure_confidence=0.6)
+        assert served.policy.name == f"{tiny_qwen3_dir} + rehearse adapter {world}"
     finally:
         close_shared()
 
