@@ -1,4 +1,4 @@
-"""`envace traces ls|show|stats|reference`."""
+"""`envace traces ls|show|stats|reference|sample|probe`."""
 
 from __future__ import annotations
 
@@ -177,6 +177,48 @@ def traces_reference(
         written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit, score=logprobs,
                                                             on_task=on_task, rehearsed=rehearsed, seed=seed))
     console.print(f"wrote {written} runs to {out}")
+
+
+@traces_app.command("sample")
+def traces_sample(
+    out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write (new, or without traces)")],
+    sources: Annotated[list[str], typer.Argument(help="trace folders, each DIR (every run) or DIR:N (N runs drawn from it)")],
+    seed: Annotated[int, typer.Option(help="which runs are drawn")] = 0,
+) -> None:
+    """A seeded training mix: runs drawn from several trace folders into one (`envace train sft --traces OUT`).
+    From each `DIR:N`, N runs without replacement; attached rewards travel with their runs; the same
+    folders and seed draw the same runs."""
+    import random
+
+    from envace_mcp.traces import TraceStore
+
+    picks: list[tuple[Path, int | None]] = []
+    for source in sources:
+        folder, _, count = source.rpartition(":")
+        if not (folder and count.isdigit()):
+            folder, count = source, ""
+        if count == "0":
+            _fail(ValueError(f"{source}: N must be at least 1"))
+        path = Path(folder)
+        if not path.is_dir():
+            _fail(ValueError(f"trace folder {folder!r} does not exist"))
+        picks.append((path, int(count) if count else None))
+    if TraceStore(out).files():
+        _fail(ValueError(f"{out} already holds traces; a sample goes into a new folder"))
+    rng, drawn = random.Random(seed), []
+    for path, count in picks:  # every source drawn before anything is written: a bad one leaves no half mix
+        store = TraceStore(path)
+        runs = list(store.read())
+        _report_problems(store)
+        if count is not None and count > len(runs):
+            _fail(ValueError(f"{path} holds {len(runs)} runs, fewer than the {count} asked for"))
+        drawn.append((path, runs if count is None else rng.sample(runs, count), len(runs)))
+    target = TraceStore(out)
+    for _, chosen, _ in drawn:
+        for trace in chosen:
+            target.append(trace)
+    console.print(f"wrote {sum(len(chosen) for _, chosen, _ in drawn)} runs to {out}: "
+                  + ", ".join(f"{len(chosen)} of {total} from {path}" for path, chosen, total in drawn))
 
 
 @traces_app.command("probe")

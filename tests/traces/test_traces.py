@@ -367,3 +367,35 @@ def test_traces_cli_lists_shows_and_summarises_runs(tmp_path):
     (torn / "traces.jsonl").write_bytes((fixtures / "traces.jsonl").read_bytes()[:-500])
     partial = cli("traces", "stats", str(torn))
     assert partial.returncode == 0 and "3 runs" in partial.stdout and "torn tail" in partial.stdout
+
+
+def test_traces_sample_draws_a_seeded_mix_from_several_folders_with_rewards_attached(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "envace_mcp.cli", *args], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+    bank, retail = TraceStore(tmp_path / "bank"), TraceStore(tmp_path / "retail")
+    for i in range(10):
+        bank.append(Trace(run_id=f"bank-{i}", started_at=0.0))
+        bank.attach_reward(f"bank-{i}", Reward(name="task", value=i / 10))  # a reward line apart from its run
+    for i in range(3):
+        retail.append(Trace(run_id=f"retail-{i}", started_at=0.0))
+
+    def sample(out, seed):
+        done = cli("traces", "sample", str(tmp_path / out), f"{tmp_path / 'bank'}:4", str(tmp_path / "retail"),
+                   "--seed", str(seed))
+        assert done.returncode == 0, done.stderr
+        assert "wrote 7 runs" in done.stdout and "4 of 10 from" in done.stdout and "3 of 3 from" in done.stdout
+        return list(TraceStore(tmp_path / out).read())
+
+    first = sample("mix-a", 0)
+    assert [t.run_id for t in first][4:] == ["retail-0", "retail-1", "retail-2"]
+    drawn = first[:4]
+    assert len({t.run_id for t in drawn}) == 4 and all(t.run_id.startswith("bank-") for t in drawn)
+    assert all(t.reward("task").value == int(t.run_id.split("-")[1]) / 10 for t in drawn)  # rewards travel
+    assert [t.run_id for t in sample("mix-b", 0)] == [t.run_id for t in first]  # same seed, same runs
+    others = {tuple(t.run_id for t in sample(f"mix-{seed}", seed)) for seed in range(1, 6)}
+    assert len(others | {tuple(t.run_id for t in first)}) > 1
+    again = cli("traces", "sample", str(tmp_path / "mix-a"), str(tmp_path / "retail"))
+    assert again.returncode == 2 and "already holds traces" in again.stderr  # never mixed into earlier runs
+    assert len(list(TraceStore(tmp_path / "mix-a").read())) == 7
