@@ -11,8 +11,8 @@ sixteenth session: more failing writes stopped, fewer tasks solved.)
 
 Cost: each policy holds its own weights (a second copy of the base model for a second adapter on the
 transformers backend; with `vllm:` two clients of one server, each hot-loading its adapter under a
-name of its own, tests/policy/test_vllm.py), and an inline rehearsal no longer reuses the act turn's cached prefix, so every rehearsal
-prefills its whole prompt.
+name of its own, tests/policy/test_vllm.py), and an inline rehearsal no longer reuses the act turn's
+cached prefix, so every rehearsal prefills its whole prompt.
 """
 
 from __future__ import annotations
