@@ -140,6 +140,8 @@ def _catalog_table(catalog: Any) -> Table:
 AdapterOpt = Annotated[Optional[str], typer.Option(
     callback=_adapter_folder,
     help="a LoRA adapter folder; with the embedded model the shipped bank adapter is the default, 'none' for the bare model")]
+
+
 def _rehearse_adapter_folder(value: str | None) -> str | None:
     """As `_adapter_folder`; 'none' is no second adapter (the act adapter rehearses, as without the option)."""
     value = _adapter_folder(value)
