@@ -92,7 +92,39 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
                       f"[{comparison['low']:+.3f}, {comparison['high']:+.3f}] "
                       f"(better on {comparison['better']}, worse on {comparison['worse']}, same on {comparison['same']})."
                       + _power_note(comparison)]
+        lines += _per_task(results)
     return "\n".join(lines) + "\n"
+
+
+def _per_task(results: list[dict[str, Any]]) -> list[str]:
+    """The pairing's rows, one per task both scored, in the baseline's order: each side's mean score
+    over its repeats, real calls and calls the gate stopped, and b − a; the tasks that changed first."""
+    a, b = results
+    per = []
+    for res in (a, b):
+        rows: dict[str, dict[str, Any]] = {}
+        for r in res["runs"]:
+            if r["score"] is None or r["judge_required"]:
+                continue
+            row = rows.setdefault(r["task_id"], {"kind": r["kind"] or "-", "scores": [], "calls": 0, "stopped": 0})
+            row["scores"].append(r["score"])
+            row["calls"] += r.get("real_calls", 0)
+            row["stopped"] += r.get("stopped_calls", 0)
+        per.append(rows)
+    tasks = [t for t in dict.fromkeys(r["task_id"] for r in a["runs"]) if t in per[0] and t in per[1]]
+    if not tasks:
+        return []
+    mean = {t: [sum(side[t]["scores"]) / len(side[t]["scores"]) for side in per] for t in tasks}
+    changed = [t for t in tasks if mean[t][0] != mean[t][1]]
+    lines = ["", f"Per task, a = {a['label']}, b = {b['label']} ({len(changed)} of {len(tasks)} changed, listed "
+                 "first; score: the mean over repeats; calls: real calls / stopped by the gate):", "",
+             "| task | kind | a: score | a: calls | b: score | b: calls | b − a |",
+             "|---|---|---|---|---|---|---|"]
+    for t in changed + [t for t in tasks if t not in changed]:
+        (sa, sb), (ra, rb) = mean[t], (side[t] for side in per)
+        lines.append(f"| {t} | {ra['kind']} | {number(sa, 2)} | {ra['calls']} / {ra['stopped']} "
+                     f"| {number(sb, 2)} | {rb['calls']} / {rb['stopped']} | {sb - sa:+.2f} |")
+    return lines
 
 
 def _power_note(comparison: dict[str, Any]) -> str:

@@ -152,6 +152,16 @@ def test_compare_pairs_two_saved_evaluations_by_task_and_refuses_ones_that_measu
     assert diff["detectable"] > 0 and f"about {diff['tasks_for_target']} tasks" in md  # what 4 tasks could find
     assert f"detectable with 80 % power: {diff['detectable']:.2f}" in result.output
     assert (tmp_path / "cmp" / "results.png").stat().st_size > 5_000
+    # one row per paired task, the changed ones first, with both sides' scores and calls
+    changed = [t for t in paired if scores["noop"][t] != scores["reference"][t]]
+    assert f"({len(changed)} of 4 changed" in md and changed
+    rows = [line for line in md.splitlines() if line.startswith("| bank/test/")]
+    assert [row.split(" | ")[0][2:] for row in rows] == changed + [t for t in paired if t not in changed]
+    for row in rows:
+        task, kind, sa, calls_a, sb, calls_b, diff_t = row.strip("| ").split(" | ")
+        assert float(sa) == pytest.approx(scores["reference"][task], abs=0.005) and calls_b == "0 / 0"
+        assert float(diff_t) == pytest.approx(scores["noop"][task] - scores["reference"][task], abs=0.005)
+        assert int(calls_a.split(" / ")[0]) > 0  # the reference policy makes the task's calls
     # the same configuration twice is told apart by folder; the pairing is then exactly zero
     same = runner.invoke(app, ["compare", str(tmp_path / "noop"), str(tmp_path / "noop"), "--out", str(tmp_path / "same")])
     assert same.exit_code == 0 and f"rehearse=0 ({tmp_path / 'noop'})" in (tmp_path / "same" / "results.md").read_text()
