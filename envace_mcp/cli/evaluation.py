@@ -29,7 +29,8 @@ def eval_command(
     suite: Annotated[str, typer.Option(help="bank, retail, tau2-airline, tau2-retail, bfcl-base, bfcl-miss_func, "
                                             "bfcl-miss_param, bfcl-long_context, bfcl-simple, bfcl-multiple, "
                                             "bfcl-parallel, bfcl-parallel_multiple, bfcl-irrelevance")],
-    out: Annotated[Path, typer.Option(file_okay=False, help="folder for results.json / .md / .png and traces/")],
+    out: Annotated[Path, typer.Option(file_okay=False, help="folder for results.json / .md / .png, traces/ and "
+                                                            "runs.jsonl; the same command resumes there")],
     split: SplitOpt = "test",
     limit: Annotated[Optional[int], typer.Option(min=1, help="the first K tasks of the split")] = None,
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
@@ -64,7 +65,7 @@ def eval_command(
     a trace."""
     import dataclasses
 
-    from envace_mcp.eval.evaluate import EvalSettings, select_tasks
+    from envace_mcp.eval.evaluate import EvalSettings, finished_runs, select_tasks
 
     target = _suite(suite)
     if adapter is not None and adapter.lower() == "none":
@@ -85,10 +86,16 @@ def eval_command(
         _fail(exc)
     if not tasks:
         _fail(ValueError(f"no tasks selected from {suite}/{split}"))
-    results = []
-    for i, config in enumerate(configs):
-        folder = out if len(configs) == 1 else out / ("a", "b")[i]
-        results.append(_one(target, tasks, config, folder))
+    folders = [out] if len(configs) == 1 else [out / "a", out / "b"]
+    for config, folder in zip(configs, folders):  # another configuration's runs there: refused before loading
+        try:
+            done = finished_runs(folder, config)
+        except EnvaceError as exc:
+            _fail(exc)
+        wanted = {(t.id, r) for t in tasks for r in range(config.repeats)}
+        if wanted & set(done):
+            console.print(f"resuming {folder}: {len(wanted & set(done))} of {len(wanted)} runs already there")
+    results = [_one(target, tasks, config, folder) for config, folder in zip(configs, folders)]
     _finish(results, out)
 
 

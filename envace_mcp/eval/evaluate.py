@@ -5,6 +5,12 @@
 Writes `out/results.json` (configuration, summary, one record per run), `out/results.md` and
 `out/results.png`, and every run as a trace in `out/traces/`. A run that crashes is recorded as
 failed (score 0) and the evaluation goes on.
+
+Each finished run is also journaled to `out/runs.jsonl` as it ends, so an evaluation that is killed
+(a timeout, a lost machine) loses only the runs in flight: the same command resumes it, running what
+is not there yet. The same folder with more tasks (`--limit 96` after `--limit 48`) runs only the new
+ones; another configuration in that folder is refused (`EvalSettings` fields other than the task
+selection and the concurrency must match).
 """
 
 from __future__ import annotations
@@ -98,6 +104,10 @@ class EvalSettings:
 
 
 _SHARED = ("suite", "split", "limit", "tasks", "gate")
+_SELECTION = ("limit", "tasks", "concurrency")
+"""What may change between an evaluation and its resumption in the same folder."""
+JOURNAL = "runs.jsonl"
+"""`{"settings": ...}`, the configuration, then one `{"run": record}` line per finished run."""
 """What both configurations of `--compare` share: the same tasks, under the same gate."""
 _AT_LEAST = {"rehearse": 0, "repeats": 1, "concurrency": 1, "max_new_tokens": 1, "rehearse_max_new_tokens": 1,
              "temperature": 0.0}
@@ -159,15 +169,21 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     from envace_mcp.traces import TraceStore
 
     gate = GateConfig(**gate_settings(settings.gate, "EvalSettings.gate"))  # a bad one writes nothing
+    done = finished_runs(out, settings)
     out.mkdir(parents=True, exist_ok=True)
+    journal = _open_journal(out, settings)
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
     sampling = role_sampling(params, settings.rehearse_max_new_tokens)
     judge = getattr(suite, "judge_required", lambda task: False)
-    records: list[dict[str, Any]] = []
+    wanted = {(task.id, repeat) for task in tasks for repeat in range(settings.repeats)}
+    records = [r for key, r in done.items() if key in wanted]
+    for record in records:
+        if on_run is not None:
+            on_run(record)
     started = time.perf_counter()
     transport = settings.transport or suite.transports[0]
-    with suite.servers(transport) as servers:
+    with journal, suite.servers(transport) as servers:
         async with (Toolbox(servers) if servers else nullcontext()) as toolbox:  # BFCL's AST suites: no server
             limiter = anyio.Semaphore(max(1, settings.concurrency))
 
@@ -190,19 +206,76 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
                     except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others
                         record = failed_record(task, repeat, exc, judge(task))
                 records.append(record)
+                journal.write(json.dumps({"run": record}, default=str) + "\n")
+                journal.flush()
                 if on_run is not None:
                     on_run(record)
 
             async with anyio.create_task_group() as tg:
                 for repeat in range(settings.repeats):
                     for task in tasks:
-                        tg.start_soon(one, task, repeat)
+                        if (task.id, repeat) not in done:
+                            tg.start_soon(one, task, repeat)
     position = {task.id: i for i, task in enumerate(tasks)}
     records.sort(key=lambda r: (position[r["task_id"]], r["repeat"]))
     results = {"settings": asdict(settings), "label": settings.label(), "suite": suite.name,
-               "wall_s": time.perf_counter() - started, "summary": summarize(records), "runs": records}
+               "wall_s": time.perf_counter() - started, "resumed": len(wanted & set(done)),
+               "summary": summarize(records), "runs": records}
     write_results(out, results)
     return results
+
+
+def _settings_key(settings: EvalSettings) -> dict[str, Any]:
+    return json.loads(json.dumps({k: v for k, v in asdict(settings).items() if k not in _SELECTION}, default=str))
+
+
+def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], dict[str, Any]]:
+    """The runs `out/runs.jsonl` holds for this configuration, by (task id, repeat); crashed runs are
+    left out, to be run again. Another configuration's journal is refused; a torn last line is skipped."""
+    from envace_mcp.errors import UserError
+
+    path = out / JOURNAL
+    lines = path.read_text().splitlines() if path.exists() else []
+    if not lines:
+        return {}  # none yet, or killed before its first line: a fresh start
+    try:
+        head = json.loads(lines[0])
+    except ValueError:
+        head = None
+    if not isinstance(head, dict) or not isinstance(head.get("settings"), dict):
+        raise UserError(f"{path}: not an evaluation journal (its first line names no configuration); "
+                        "use another --out")
+    mine = _settings_key(settings)
+    differ = [k for k in sorted(set(mine) | set(head["settings"])) if mine.get(k) != head["settings"].get(k)]
+    if differ:
+        k = differ[0]
+        raise UserError(f"{out} holds runs of another configuration ({k}: {head['settings'].get(k)!r} there, "
+                        f"{mine.get(k)!r} now); use another --out, or the same settings to resume")
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):
+                break  # torn by a kill mid-write: that run is run again
+            raise UserError(f"{path}:{number}: not a JSON line; move the file aside to start over") from None
+        record = record.get("run") if isinstance(record, dict) else None
+        if isinstance(record, dict) and record.get("status") != "failed":
+            done[(record["task_id"], record["repeat"])] = record
+    return done
+
+
+def _open_journal(out: Path, settings: EvalSettings) -> Any:
+    path = out / JOURNAL
+    text = path.read_text() if path.exists() else ""
+    if text.strip():
+        if not text.endswith("\n"):  # a torn last line: cut it before appending
+            path.write_text(text[: text.rfind("\n") + 1])
+        return path.open("a")
+    journal = path.open("w")
+    journal.write(json.dumps({"settings": _settings_key(settings)}) + "\n")
+    journal.flush()
+    return journal
 
 
 def failed_record(task: Any, repeat: int, exc: BaseException, judge_required: bool) -> dict[str, Any]:

@@ -179,6 +179,44 @@ def test_compare_pairs_two_saved_evaluations_by_task_and_refuses_ones_that_measu
     assert refused.exit_code == 2 and "no task in common" in refused.output
 
 
+def test_an_evaluation_resumes_in_its_folder_and_refuses_another_configuration_there(tmp_path):
+    """Each finished run is journaled; the same command runs only what is missing (a killed evaluation,
+    a torn last line, a crashed run, more tasks), and another configuration cannot mix its runs in."""
+    runner, out = CliRunner(), tmp_path / "ev"
+    base = ["eval", "--suite", "bank", "--policy", "reference", "--out", str(out)]
+    first = runner.invoke(app, [*base, "--limit", "2"])
+    assert first.exit_code == 0, first.output
+    assert "resuming" not in first.output
+    journal = (out / "runs.jsonl").read_text().splitlines()
+    assert len(journal) == 3 and json.loads(journal[0])["settings"]["policy"] == "reference"
+    # killed while journaling its second run: the line is torn; and the first run had crashed
+    head, one, two = journal
+    crashed = {"run": {**json.loads(one)["run"], "status": "failed", "score": 0.0}}
+    (out / "runs.jsonl").write_text("\n".join([head, json.dumps(crashed), two[: len(two) // 2]]))
+    more = runner.invoke(app, [*base, "--limit", "4", "--concurrency", "2"])  # the selection may change
+    assert more.exit_code == 0, more.output
+    assert "0 of 4 runs already there" not in more.output  # nothing counted but finished runs
+    results = json.loads((out / "results.json").read_text())
+    assert [r["task_id"] for r in results["runs"]] == [t.id for t in get_suite("bank").split("test")[:4]]
+    assert results["resumed"] == 0 and results["summary"]["success"]["pass@1"] == 1.0
+    # the torn line was cut, and every run is journaled once per attempt that finished
+    lines = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [next(iter(x)) for x in lines] == ["settings", "run", "run", "run", "run", "run"]
+    again = runner.invoke(app, [*base, "--limit", "4"])
+    assert again.exit_code == 0 and f"resuming {out}: 4 of 4 runs already there" in again.output
+    assert json.loads((out / "results.json").read_text())["resumed"] == 4
+    # the two runs whose records were lost were run again; results name the runs they count
+    traces = list(TraceStore(out / "traces").read())
+    assert len(traces) == 6 and {r["run_id"] for r in results["runs"]} == {t.run_id for t in traces[2:]}
+    # another configuration in the same folder: one line, exit 2, nothing written
+    other = runner.invoke(app, ["eval", "--suite", "bank", "--policy", "noop", "--limit", "4", "--out", str(out)])
+    assert other.exit_code == 2 and "holds runs of another configuration (policy: 'reference' there, 'noop' now)" in other.output
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 6
+    (out / "runs.jsonl").write_text("not json\n")
+    torn = runner.invoke(app, [*base, "--limit", "1"])
+    assert torn.exit_code == 2 and "not an evaluation journal" in torn.output
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_gates_value_counts_harmful_calls_stopped_and_requested_calls_blocked(tmp_path):
