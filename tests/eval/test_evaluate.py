@@ -166,6 +166,7 @@ def test_compare_pairs_two_saved_evaluations_by_task_and_refuses_ones_that_measu
     same = runner.invoke(app, ["compare", str(tmp_path / "noop"), str(tmp_path / "noop"), "--out", str(tmp_path / "same")])
     assert same.exit_code == 0 and f"rehearse=0 ({tmp_path / 'noop'})" in (tmp_path / "same" / "results.md").read_text()
     assert "+0.000  95 % CI [+0.000, +0.000]" in same.output
+    assert "paired tasks" not in same.output  # no spread: no claim about how many tasks a difference needs
     # another split, or no task in common: nothing to pair, one error line
     other = runner.invoke(app, ["eval", "--suite", "bank", "--policy", "noop", "--split", "validation", "--limit", "2",
                                 "--out", str(tmp_path / "val")])
