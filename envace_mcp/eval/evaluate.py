@@ -104,11 +104,11 @@ class EvalSettings:
 
 
 _SHARED = ("suite", "split", "limit", "tasks", "gate")
+"""What both configurations of `--compare` share: the same tasks, under the same gate."""
 _SELECTION = ("limit", "tasks", "concurrency")
 """What may change between an evaluation and its resumption in the same folder."""
 JOURNAL = "runs.jsonl"
 """`{"settings": ...}`, the configuration, then one `{"run": record}` line per finished run."""
-"""What both configurations of `--compare` share: the same tasks, under the same gate."""
 _AT_LEAST = {"rehearse": 0, "repeats": 1, "concurrency": 1, "max_new_tokens": 1, "rehearse_max_new_tokens": 1,
              "temperature": 0.0}
 
@@ -260,7 +260,7 @@ def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], di
                 break  # torn by a kill mid-write: that run is run again
             raise UserError(f"{path}:{number}: not a JSON line; move the file aside to start over") from None
         record = record.get("run") if isinstance(record, dict) else None
-        if isinstance(record, dict) and record.get("status") != "failed":
+        if isinstance(record, dict) and "task_id" in record and record.get("status") != "failed":
             done[(record["task_id"], record["repeat"])] = record
     return done
 
