@@ -236,10 +236,9 @@ def power(diffs: Sequence[float], level: float = 0.95, *, chance: float = 0.8, t
         return {"power": chance, "detectable": float("nan"), "target": target, "tasks_for_target": None}
     z = NormalDist().inv_cdf(1 - (1 - level) / 2) + NormalDist().inv_cdf(chance)
     sd = stdev(diffs)
-    if sd == 0:  # every task moved alike (often: not at all): no spread to size a pairing from
-        return {"power": chance, "detectable": float("nan"), "target": target, "tasks_for_target": None}
+    # sd 0, every task moved alike (often: not at all): no spread to size a larger pairing from
     return {"power": chance, "detectable": z * sd / sqrt(len(diffs)), "target": target,
-            "tasks_for_target": ceil((z * sd / target) ** 2)}
+            "tasks_for_target": ceil((z * sd / target) ** 2) if sd else None}
 
 
 def task_scores(records: Iterable[dict[str, Any]]) -> dict[str, float]:
