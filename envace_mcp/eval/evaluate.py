@@ -235,9 +235,10 @@ def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], di
     from envace_mcp.errors import UserError
 
     path = out / JOURNAL
-    lines = path.read_text().splitlines() if path.exists() else []
-    if not lines:
-        return {}  # none yet, or killed before its first line: a fresh start
+    text = path.read_text() if path.exists() else ""
+    if not text.strip():
+        return {}  # none yet, or killed before its first line: a fresh start (`_open_journal` writes it anew)
+    lines = text.splitlines()
     try:
         head = json.loads(lines[0])
     except ValueError:

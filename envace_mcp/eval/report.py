@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from envace_mcp.eval.metrics import FIELD_KINDS
+from envace_mcp.eval.metrics import FIELD_KINDS, task_scores
 
 CHART = [("success", "score", "mean score"), ("success", "pass@1", "pass@1"), ("tool_calls", "f1", "tool-call F1"),
          ("tool_calls", "exact_match", "call exact match"), ("fidelity", "field_accuracy", "rehearsal field acc."),
@@ -98,32 +98,29 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
 
 def _per_task(results: list[dict[str, Any]]) -> list[str]:
     """The pairing's rows, one per task both scored, in the baseline's order: each side's mean score
-    over its repeats, real calls and calls the gate stopped, and b − a; the tasks that changed first."""
+    over its repeats (`metrics.task_scores`), real calls and calls the gate stopped, and b − a; the
+    tasks that changed first."""
     a, b = results
-    per = []
-    for res in (a, b):
-        rows: dict[str, dict[str, Any]] = {}
+    scores = [task_scores(res["runs"]) for res in results]
+    calls: list[dict[str, list[int]]] = [{}, {}]
+    for side, res in zip(calls, results):
         for r in res["runs"]:
-            if r["score"] is None or r["judge_required"]:
-                continue
-            row = rows.setdefault(r["task_id"], {"kind": r["kind"] or "-", "scores": [], "calls": 0, "stopped": 0})
-            row["scores"].append(r["score"])
-            row["calls"] += r.get("real_calls", 0)
-            row["stopped"] += r.get("stopped_calls", 0)
-        per.append(rows)
-    tasks = [t for t in dict.fromkeys(r["task_id"] for r in a["runs"]) if t in per[0] and t in per[1]]
+            total = side.setdefault(r["task_id"], [0, 0])
+            total[0] += r.get("real_calls", 0)
+            total[1] += r.get("stopped_calls", 0)
+    kinds = {r["task_id"]: r["kind"] or "-" for r in a["runs"]}
+    tasks = [t for t in kinds if t in scores[0] and t in scores[1]]
     if not tasks:
         return []
-    mean = {t: [sum(side[t]["scores"]) / len(side[t]["scores"]) for side in per] for t in tasks}
-    changed = [t for t in tasks if mean[t][0] != mean[t][1]]
+    changed = [t for t in tasks if scores[0][t] != scores[1][t]]
     lines = ["", f"Per task, a = {a['label']}, b = {b['label']} ({len(changed)} of {len(tasks)} changed, listed "
                  "first; score: the mean over repeats; calls: real calls / stopped by the gate):", "",
              "| task | kind | a: score | a: calls | b: score | b: calls | b − a |",
              "|---|---|---|---|---|---|---|"]
     for t in changed + [t for t in tasks if t not in changed]:
-        (sa, sb), (ra, rb) = mean[t], (side[t] for side in per)
-        lines.append(f"| {t} | {ra['kind']} | {number(sa, 2)} | {ra['calls']} / {ra['stopped']} "
-                     f"| {number(sb, 2)} | {rb['calls']} / {rb['stopped']} | {sb - sa:+.2f} |")
+        (sa, sb), (ca, cb) = (side[t] for side in scores), (side[t] for side in calls)
+        lines.append(f"| {t} | {kinds[t]} | {number(sa, 2)} | {ca[0]} / {ca[1]} "
+                     f"| {number(sb, 2)} | {cb[0]} / {cb[1]} | {sb - sa:+.2f} |")
     return lines
 
 
