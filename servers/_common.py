@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ipaddress
 import json
 import re
 from collections import OrderedDict
@@ -247,16 +248,77 @@ def module_args(module: str, *args: str) -> list[str]:
     return ["-P", "-m", module, *args]
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+"""Binds that listen on every address: no one name says which Host header clients will send."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def remote_refusal(host: str, allow_remote: bool, allowed_hosts: Sequence[str] = ()) -> str | None:
+    """Why serving over HTTP on `host` is refused, or None. The bundled servers have no authentication:
+    off loopback, anyone who can reach the port can call every tool, so that takes an explicit flag."""
+    if is_loopback(host):
+        return None
+    if not allow_remote:
+        return (f"--host {host!r} is not a loopback address and the server has no authentication: anyone who can "
+                "reach it could call every tool; pass --allow-remote to serve it there anyway")
+    if host in WILDCARD_HOSTS and not allowed_hosts:
+        return (f"--host {host!r} listens on every address: name the host names or addresses clients will use with "
+                "--allowed-host (requests naming any other host are refused, against DNS rebinding)")
+    return None
+
+
+def http_security(host: str, allowed_hosts: Sequence[str] = ()) -> Any:
+    """DNS-rebinding protection for a streamable HTTP server bound to `host`: a request's Host header must
+    name `host`, loopback (when `host` is loopback) or one of `allowed_hosts`, and a browser's Origin one
+    of those too. The SDK turns it on by itself only for exactly 127.0.0.1, localhost and ::1, and leaves
+    it off for any other bind."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    names = [*allowed_hosts, *([] if host in WILDCARD_HOSTS else [host]), *(LOOPBACK_HOSTS if is_loopback(host) else ())]
+    hosts = [_host_form(name) for name in dict.fromkeys(names)]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[form for h in hosts for form in (h, f"{h}:*")],
+        allowed_origins=[f"{scheme}://{form}" for h in hosts for scheme in ("http", "https") for form in (h, f"{h}:*")],
+    )
+
+
+def _host_form(name: str) -> str:
+    """An address as a Host header writes it (IPv6 in brackets)."""
+    try:
+        return f"[{name}]" if ipaddress.ip_address(name).version == 6 else name
+    except ValueError:
+        return name
+
+
 def serve(build: Callable[..., Any], description: str, argv: Sequence[str] | None = None) -> None:
-    """`python -P -m envace_mcp.servers.X [--transport stdio|http] [--host H] [--port P] [--seed N]`."""
+    """`python -P -m envace_mcp.servers.X [--transport stdio|http] [--host H] [--port P] [--seed N]
+    [--allow-remote] [--allowed-host NAME ...]`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--transport", choices=["stdio", "http", "streamable-http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0, help="seed of the default world and of the task suite")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="serve on a --host other than loopback (the server has no authentication)")
+    parser.add_argument("--allowed-host", action="append", default=[],
+                        help="a Host header clients may send besides --host (repeatable)")
     args = parser.parse_args(argv)
+    refusal = None if args.transport == "stdio" else remote_refusal(args.host, args.allow_remote, args.allowed_host)
+    if refusal:
+        parser.error(refusal)
     server = build(seed=args.seed)
     if args.transport == "stdio":
         server.run("stdio")
-    else:
-        server.run("streamable-http", host=args.host, port=args.port)
+        return
+    server.run("streamable-http", host=args.host, port=args.port,
+               transport_security=http_security(args.host, args.allowed_host))

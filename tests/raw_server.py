@@ -5,7 +5,9 @@
 Behaviour (all optional): `tools` (listed as given, duplicates and odd schemas included); `hang` (an
 MCP method never answered: "initialize", "tools/list"), `hang_if_exists` (a file: hang in
 `initialize` only when it exists, which a call "exit" creates before the server exits: a server that
-starts once and hangs on its restart); `stderr_mb` (megabytes written to stderr at
+starts once and hangs on its restart), `relist_if_exists` ({"file": F, "tools": [...]}: list these
+tools instead once F exists, which a call "exit" creates: a server that restarts with another
+listing); `stderr_mb` (megabytes written to stderr at
 start); `calls` maps a tool name to what its call does: "ok", "bad_byte" (one non-UTF-8 byte in the
 reply line, then healthy replies), "deep:N" (a result nested N levels deep), "slow:S" (reply after S
 seconds). Every call is also logged to stderr as `call NAME`. `fuzz_seed` + `fuzz_tools`: list that
@@ -164,6 +166,9 @@ def main() -> None:
                       "serverInfo": {"name": "raw", "version": "0"}}
         elif method == "tools/list":
             result = {"tools": behaviour.get("tools", [{"name": "echo", "inputSchema": {"type": "object"}}])}
+            relist = behaviour.get("relist_if_exists")
+            if relist and os.path.exists(relist["file"]):
+                result = {"tools": relist["tools"]}
         elif method == "tools/call":
             name = message["params"]["name"]
             sys.stderr.write(f"call {name}\n")
@@ -178,6 +183,8 @@ def main() -> None:
             if action == "exit":
                 if behaviour.get("hang_if_exists"):
                     open(behaviour["hang_if_exists"], "w").close()
+                if behaviour.get("relist_if_exists"):
+                    open(behaviour["relist_if_exists"]["file"], "w").close()
                 sys.exit(3)
             if action == "bad_byte":
                 behaviour["calls"][name] = "ok"  # once

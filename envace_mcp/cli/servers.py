@@ -55,9 +55,36 @@ def servers_serve(
     host: str = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port")] = 8000,
     seed: int = 0,
+    allow_remote: Annotated[bool, typer.Option(
+        "--allow-remote", help="serve HTTP on a --host other than loopback: the server has no authentication, so "
+                               "anyone who can reach it can call every tool")] = False,
+    allowed_host: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-host", help="a Host header clients may send besides --host (repeatable; needed with "
+                               "--host 0.0.0.0)")] = None,
 ) -> None:
-    """Run a bundled server in the foreground."""
-    _suite(domain, seed).server_module.main(["--transport", transport, "--host", host, "--port", str(port), "--seed", str(seed)])
+    """Run a bundled server in the foreground.
+
+    Over HTTP every request's Host header must name the server (and a browser's Origin too), against DNS
+    rebinding; a --host off loopback needs --allow-remote, since the server has no authentication.
+    """
+    from envace_mcp.cli._common import err_console
+    from envace_mcp.servers._common import http_security, is_loopback, remote_refusal
+
+    allowed = allowed_host or []
+    refusal = remote_refusal(host, allow_remote, allowed) if transport == "http" else None
+    if refusal:
+        _fail(ValueError(refusal))
+    suite = _suite(domain, seed)
+    if transport == "stdio":
+        suite.server_module.main(["--transport", "stdio", "--seed", str(seed)])
+        return
+    if allow_remote and not is_loopback(host):
+        from rich.text import Text
+
+        err_console.print(Text(f"warning: serving {domain} over HTTP on {host}:{port} with no authentication: anyone "
+                               "who can reach it can call every tool, destructive ones included"))
+    suite.server_module.build_server(seed=seed).run("streamable-http", host=host, port=port,
+                                                    transport_security=http_security(host, allowed))
 
 
 @tasks_app.command("ls")

@@ -14,6 +14,7 @@ from envace_mcp.policy.types import (
     Critique,
     CritiqueRequest,
     Generation,
+    ParseIssue,
     Prediction,
     RawCompletion,
     RehearseFormat,
@@ -84,17 +85,23 @@ class PromptPolicy(ABC):
         s = self._sampling("act", sampling)
         chat, tools = render_act(request)
         raw = await self._complete("act", chat, tools, s)
-        return self._generation("act", raw, parse_act(raw.text), s)
+        parsed = parse_act(raw.text) if raw.refused is None else ActOutput(
+            issues=[ParseIssue(code="prompt_too_long", message=raw.refused)])  # a turn with no call
+        return self._generation("act", raw, parsed, s)
 
     async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
         s = self._sampling("rehearse", sampling)
         if self.rehearse_format == "inline":
             chat, tools = render_inline(request)
             raw, close = await self._continue("rehearse", chat, tools, s)
-            generation = self._generation("rehearse", raw, parse_tool_turn(raw.text, request.call, request.tool, close), s)
+            parsed = (parse_tool_turn(raw.text, request.call, request.tool, close) if raw.refused is None
+                      else _unusable(request, raw.refused))
+            generation = self._generation("rehearse", raw, parsed, s)
             return generation.model_copy(update={"prompt_format": "inline", "turn_close": close})
         raw = await self._complete("rehearse", render_rehearse(request), None, s)
-        generation = self._generation("rehearse", raw, parse_prediction(raw.text, request.call, request.tool), s)
+        parsed = (parse_prediction(raw.text, request.call, request.tool) if raw.refused is None
+                  else _unusable(request, raw.refused))
+        generation = self._generation("rehearse", raw, parsed, s)
         return generation.model_copy(update={"prompt_format": "simulator"})
 
     def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
@@ -108,3 +115,9 @@ class PromptPolicy(ABC):
         s = self._sampling("critique", sampling)
         raw = await self._complete("critique", render_critique(request), None, s)
         return self._generation("critique", raw, parse_critique(raw.text), s)
+
+
+def _unusable(request: RehearseRequest, why: str) -> Prediction:
+    """A rehearsal that was never sampled: unusable, which a gate treats as it treats any unusable one."""
+    return Prediction(tool=request.call.name, arguments=request.call.arguments, status="invalid",
+                      code="PROMPT_TOO_LONG", message=why)

@@ -22,8 +22,12 @@ class TokenPolicy(PromptPolicy):
 
     def __init__(self, tokenizer: Any, *, sampling: SamplingParams | None = None,
                  role_sampling: dict[Role, SamplingParams] | None = None, enable_thinking: bool = False,
-                 tool_format: ToolFormat = "json", rehearse_format: RehearseFormat = "simulator") -> None:
+                 tool_format: ToolFormat = "json", rehearse_format: RehearseFormat = "simulator",
+                 context_window: int | None = None) -> None:
         super().__init__(sampling=sampling, role_sampling=role_sampling)
+        self.context_window = context_window
+        """Tokens the model attends over, prompt and completion together (`None`: unknown, unchecked). A
+        prompt that leaves less than `max_new_tokens` of it is not sent (`fits`)."""
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
         self.tool_format: ToolFormat = tool_format
@@ -57,10 +61,26 @@ class TokenPolicy(PromptPolicy):
         body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
         return self.tokenizer.decode(body, skip_special_tokens=False)
 
+    def fits(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion | None:
+        """`None` when the prompt and its token budget fit the context; else the empty completion that
+        stands for a generation never run. Past the context a model reads positions it never learned
+        (garbage) or its server refuses the request (a crash mid-run); a tool listing or a history can
+        grow that large, so the turn fails as data instead: an act turn with no call, an unusable rehearsal."""
+        limit = self.context_window
+        if limit is None or len(prompt_ids) + sampling.max_new_tokens <= limit:
+            return None
+        why = (f"the prompt is {len(prompt_ids):,} tokens and {sampling.max_new_tokens:,} more may be generated, "
+               f"past the model's context of {limit:,} tokens; nothing was generated")
+        return RawCompletion(text="", prompt_text=prompt_text, prompt_ids=list(prompt_ids), completion_ids=[],
+                             logprobs=[], finish_reason="length", refused=why)
+
+    async def _sample(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
+        return self.fits(prompt_ids, prompt_text, sampling) or await self._generate(prompt_ids, prompt_text, sampling)
+
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
         text = self.render(chat, tools)
-        return await self._generate(self.encode(text), text, sampling)
+        return await self._sample(self.encode(text), text, sampling)
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> tuple[RawCompletion, str]:
@@ -68,4 +88,4 @@ class TokenPolicy(PromptPolicy):
         marker = close.strip()
         if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow
             sampling = sampling.model_copy(update={"stop": (*sampling.stop, marker)})
-        return await self._generate(self.encode(prompt), prompt, sampling), close
+        return await self._sample(self.encode(prompt), prompt, sampling), close

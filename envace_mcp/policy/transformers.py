@@ -45,6 +45,8 @@ class TransformersPolicy(TokenPolicy):
         constrain_calls: decode the act role's tool calls under the tools' schemas (`constrained`): known
             tool names, declared argument keys, required ones present, values of the right kind. For
             inference; its logprobs are the constrained distribution's, so not for GRPO rollouts.
+        context_window: tokens of prompt + completion the model takes (default: its config's
+            `max_position_embeddings`); a request past it is not generated (`TokenPolicy.fits`).
     """
 
     def __init__(
@@ -64,9 +66,11 @@ class TransformersPolicy(TokenPolicy):
         prefix_cache_tokens: int = 32768,
         kv_budget_gb: float | Literal["auto"] | None = "auto",
         constrain_calls: bool = False,
+        context_window: int | None = None,
     ) -> None:
         super().__init__(tokenizer, sampling=sampling, role_sampling=role_sampling, enable_thinking=enable_thinking,
-                         tool_format=tool_format, rehearse_format=rehearse_format)
+                         tool_format=tool_format, rehearse_format=rehearse_format,
+                         context_window=context_window or model_context(model))
         self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, batch_window_s=batch_window_s,
                              prefix_cache_tokens=prefix_cache_tokens, kv_budget_gb=kv_budget_gb)
         self.model = model
@@ -125,7 +129,11 @@ class TransformersPolicy(TokenPolicy):
         if self._token_text is None:
             self._token_text = TokenText(self.tokenizer)
         text = self.render(chat, tools)
-        job = self.job(self.encode(text), sampling, restrict=CallConstraint(tools, self._token_text).restrict)
+        ids = self.encode(text)
+        refused = self.fits(ids, text, sampling)
+        if refused is not None:
+            return refused
+        job = self.job(ids, sampling, restrict=CallConstraint(tools, self._token_text).restrict)
         return _raw(await self.engine.submit(job), text)
 
     # ------------------------------------------------------------------ teacher forcing and scoring
@@ -151,3 +159,13 @@ class TransformersPolicy(TokenPolicy):
 def _raw(done: Completion, prompt_text: str) -> RawCompletion:
     return RawCompletion(text=done.text, prompt_text=prompt_text, prompt_ids=done.prompt_ids,
                          completion_ids=done.completion_ids, logprobs=done.logprobs, finish_reason=done.finish_reason)
+
+
+def model_context(model: Any) -> int | None:
+    """The context length a model's config declares (`max_position_embeddings`, GPT-2's `n_positions`)."""
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -93,6 +93,8 @@ REHEARSAL_ERROR_CODES = (
     "WRONG_TYPE",
     "OUTPUT_SCHEMA_MISMATCH",
     "NOT_A_TOOL_REPLY",
+    # no rehearsal was sampled: its prompt and token budget did not fit the model's context
+    "PROMPT_TOO_LONG",
 )
 
 
@@ -218,3 +220,6 @@ class RawCompletion(BaseModel):
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    refused: str | None = None
+    """Why nothing was sampled (the prompt and `max_new_tokens` do not fit the model's context): the
+    text is empty and the roles turn this into a parse failure (`PROMPT_TOO_LONG`), not a crash."""

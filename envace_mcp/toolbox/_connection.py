@@ -25,7 +25,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from envace_mcp.errors import EnvaceError
-from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec
+from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec, bound_tool
 from envace_mcp.toolbox.config import HttpServer, InProcessServer, ServerSpec, StdioServer
 
 logger = logging.getLogger(__name__)
@@ -225,10 +225,12 @@ class Connection:
 async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[list[ToolSpec], set[str], list[str]]:
     """The server's allowed tools as catalog entries, what it offers that the config denies, and what was
     wrong with the listing: a tool without a name or listed twice is left out, one whose input schema
-    is unsafe stays listed (its calls are refused, with the reason)."""
+    is unsafe stays listed (its calls are refused, with the reason), one past the per-tool bounds is cut
+    or left out (`catalog.bound_tool`). Annotations are resolved under the server's trust settings."""
     specs: dict[str, ToolSpec] = {}
     denied: set[str] = set()
     problems: list[str] = []
+    offered: set[str] = set()
     cursor: str | None = None
     for _ in range(_LIST_PAGE_CAP):
         page = await client.list_tools(cursor=cursor)
@@ -236,20 +238,24 @@ async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[li
             if not tool.name:
                 problems.append(f"server {server!r} lists a tool with an empty name; it is left out")
                 continue
-            if tool.name in specs:
-                problems.append(f"server {server!r} lists the tool {tool.name!r} twice; the second is left out")
+            if tool.name in offered:
+                problems.append(f"server {server!r} lists the tool {tool.name[:128]!r} twice; the second is left out")
                 continue
+            offered.add(tool.name)
             if not spec.allows(tool.name):
                 denied.add(tool.name)
                 continue
-            entry = ToolSpec.create(
+            entry, cuts = bound_tool(ToolSpec.create(
                 remote_name=tool.name,
                 server=server,
                 description=tool.description,
                 input_schema=tool.input_schema,
                 output_schema=tool.output_schema,
-                annotations=ToolAnnotations.from_hints(tool.annotations),
-            )
+                annotations=_annotations(spec, tool),
+            ))
+            problems += cuts
+            if entry is None:
+                continue
             if entry.validator.refusal:
                 problems.append(f"tool {tool.name!r} of server {server!r}: its input schema {entry.validator.refusal}; "
                                 "calls to it are refused")
@@ -257,7 +263,20 @@ async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[li
         cursor = page.next_cursor
         if cursor is None:
             break
+    problems += [f"server {server!r}: 'read_only_tools' names {name!r}, which the server does not offer"
+                 for name in spec.read_only_tools if name not in offered]
     return list(specs.values()), denied, problems
+
+
+def _annotations(spec: ServerSpec, tool: Any) -> ToolAnnotations:
+    """A tool's annotations under its server's trust settings: the user's `read_only_tools` first, then
+    the server's hints where they are trusted, else the spec's defaults (destructive)."""
+    title = getattr(tool.annotations, "title", None)
+    if tool.name in spec.read_only_tools:
+        return ToolAnnotations.untrusted(read_only=True, title=title)
+    if not spec.trust_annotations:
+        return ToolAnnotations.untrusted(title=title)
+    return ToolAnnotations.from_hints(tool.annotations)
 
 
 @asynccontextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from envace_mcp.toolbox.catalog import ToolSpec
 from envace_mcp.toolbox.result import ToolResult
 
 
@@ -17,5 +18,9 @@ class ToolBackend(Protocol):
         """The tools' `ToolSpec`s (iterable)."""
         ...
 
-    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult: ...
+    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None,
+                   expect: ToolSpec | None = None) -> ToolResult:
+        """Run a tool; with `expect`, only if its live catalog entry is still that tool
+        (`ToolSpec.same_tool`), else a `tool_changed` error result and nothing run."""
+        ...
 

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envace_mcp.errors import UserError
 from envace_mcp.toolbox.validation import ArgumentValidator
+
+# What one server's listing may add to every act and rehearse prompt. Tool replies are clipped
+# (`prompts.TOOL_OUTPUT_CHARS`); without these, one 1 MB description made a 1.8 MB act request and a
+# server listing 10,000 tools a 2.95 MB one. Every cut is reported in `Toolbox.problems`.
+MAX_NAME_CHARS = 128
+"""The MCP spec's own bound on tool names (1-128 characters); a longer name is left out."""
+MAX_DESCRIPTION_CHARS = 2_000
+"""Several times the longest description of common servers (about 1,500 characters); a longer one is
+cut, ending in "…", since its start still says what the tool does."""
+MAX_SCHEMA_CHARS = 8_000
+"""An input schema as JSON: room for about a hundred documented parameters. A longer one leaves its tool
+out of the catalog rather than shown in part: a partial schema tells the model wrong arguments. An
+output schema that long is dropped (the tool stays; only the rehearse prompt showed it)."""
+MAX_CATALOG_TOOLS = 128
+"""OpenAI's chat API refuses requests with more than 128 tools, and models pick tools worse long
+before that; tools past it (in config and listing order) are left out."""
+MAX_CATALOG_CHARS = 200_000
+"""All tools' names, descriptions and schemas together (about 50k tokens, a quarter of a large
+context); tools past it (in config and listing order) are left out."""
 
 
 @dataclass(frozen=True)
@@ -16,7 +36,9 @@ class ToolAnnotations:
 
     Spec defaults: not read-only, destructive, not idempotent, open-world. `destructive` and
     `idempotent` only mean something for tools that are not read-only. Hints from untrusted
-    servers are hints, not guarantees.
+    servers are hints, not guarantees: hints that contradict each other (read-only *and*
+    destructive) resolve to the unsafe reading, and a server configured with
+    `"trust_annotations": false` gets `untrusted()` for every tool.
     """
 
     read_only: bool = False
@@ -40,6 +62,8 @@ class ToolAnnotations:
         destructive = get("destructive_hint", "destructiveHint")
         idempotent = get("idempotent_hint", "idempotentHint")
         open_world = get("open_world_hint", "openWorldHint")
+        if read_only and destructive:  # a server claiming both is wrong about one: believe the unsafe one
+            read_only = False
         return cls(
             read_only=read_only,
             destructive=False if read_only else (True if destructive is None else bool(destructive)),
@@ -47,6 +71,17 @@ class ToolAnnotations:
             open_world=True if open_world is None else bool(open_world),
             title=get("title", "title"),
         )
+
+    @classmethod
+    def untrusted(cls, *, read_only: bool = False, title: str | None = None) -> ToolAnnotations:
+        """What a server whose hints are not trusted gets: the spec's defaults (destructive), or
+        read-only where the user's own config says so (`read_only_tools`)."""
+        return cls(read_only=True, destructive=False, idempotent=True, title=title) if read_only else cls(title=title)
+
+    @property
+    def kind(self) -> str:
+        """One word for messages: read-only, destructive or not destructive."""
+        return "read-only" if self.read_only else "destructive" if self.destructive else "not destructive"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -99,16 +134,17 @@ class ToolSpec:
         )
 
     def renamed(self, name: str) -> ToolSpec:
-        return ToolSpec(
-            name=name,
-            remote_name=self.remote_name,
-            server=self.server,
-            description=self.description,
-            input_schema=self.input_schema,
-            output_schema=self.output_schema,
-            annotations=self.annotations,
-            validator=self.validator,
-        )
+        return replace(self, name=name)
+
+    def same_tool(self, other: ToolSpec) -> bool:
+        """Whether `other` is this tool as far as running it goes: same server, same remote tool, same
+        annotations and schemas (the catalog name and the description may differ)."""
+        return (self.server, self.remote_name, self.annotations, self.input_schema, self.output_schema) == (
+            other.server, other.remote_name, other.annotations, other.input_schema, other.output_schema)
+
+    def summary(self) -> str:
+        """`server 'bank''s 'transfer' (destructive)`: what a message about this tool names."""
+        return f"server {self.server!r}'s {self.remote_name!r} ({self.annotations.kind})"
 
     def without_parameters(self, names: Iterable[str]) -> ToolSpec:
         """This tool with some top-level parameters removed from its input schema (bound elsewhere)."""
@@ -139,6 +175,57 @@ class ToolSpec:
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.input_schema},
         }
+
+
+def _chars(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, default=str))
+
+
+def bound_tool(spec: ToolSpec) -> tuple[ToolSpec | None, list[str]]:
+    """One listed tool within the per-tool bounds (`MAX_*` above): the entry to keep (`None`: leave it
+    out) and what was cut, one line each."""
+    where = f"tool {spec.remote_name[:MAX_NAME_CHARS]!r} of server {spec.server!r}"
+    if len(spec.remote_name) > MAX_NAME_CHARS:
+        return None, [f"{where}: its name is {len(spec.remote_name):,} characters, over the {MAX_NAME_CHARS} "
+                      "MCP allows; the tool is left out"]
+    size = _chars(spec.input_schema)
+    if size > MAX_SCHEMA_CHARS:
+        return None, [f"{where}: its input schema is {size:,} characters of JSON, over {MAX_SCHEMA_CHARS:,}; "
+                      "the tool is left out (a schema shown in part would mislead the model)"]
+    cuts: list[str] = []
+    if len(spec.description) > MAX_DESCRIPTION_CHARS:
+        cuts.append(f"{where}: description cut from {len(spec.description):,} to {MAX_DESCRIPTION_CHARS:,} characters")
+        spec = replace(spec, description=spec.description[: MAX_DESCRIPTION_CHARS - 1] + "…")
+    if spec.output_schema is not None and (size := _chars(spec.output_schema)) > MAX_SCHEMA_CHARS:
+        cuts.append(f"{where}: output schema of {size:,} characters dropped (over {MAX_SCHEMA_CHARS:,})")
+        spec = replace(spec, output_schema=None)
+    return spec, cuts
+
+
+def bound_catalog(specs: Iterable[ToolSpec]) -> tuple[list[ToolSpec], dict[str, str], list[str]]:
+    """The tools that fit `MAX_CATALOG_TOOLS` and `MAX_CATALOG_CHARS`, in order; the names left out with
+    why; and one problem line per server that lost tools."""
+    kept: list[ToolSpec] = []
+    left_out: dict[str, str] = {}
+    lost: dict[str, list[str]] = {}
+    total = 0
+    for spec in specs:
+        size = _chars(spec.to_openai())
+        if len(kept) >= MAX_CATALOG_TOOLS:
+            left_out[spec.name] = f"the catalog already holds {MAX_CATALOG_TOOLS} tools (its limit)"
+        elif total + size > MAX_CATALOG_CHARS:
+            left_out[spec.name] = f"the catalog's tools already fill {MAX_CATALOG_CHARS:,} characters (its limit)"
+        else:
+            kept.append(spec)
+            total += size
+            continue
+        lost.setdefault(spec.server, []).append(spec.name)
+    problems = []
+    for server, names in lost.items():
+        shown = ", ".join(repr(n) for n in names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        problems.append(f"server {server!r}: {len(names)} tool(s) left out, past the catalog's bounds of "
+                        f"{MAX_CATALOG_TOOLS} tools and {MAX_CATALOG_CHARS:,} characters: {shown}")
+    return kept, left_out, problems
 
 
 def name_tools(per_server: dict[str, list[ToolSpec]]) -> dict[str, ToolSpec]:

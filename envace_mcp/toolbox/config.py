@@ -8,7 +8,8 @@
 Extra keys are ours and optional: `timeout` (seconds per call), `startup_timeout` (seconds to start
 and list tools), `required` (fail the toolbox if this server cannot start), `include_tools` /
 `exclude_tools` (allow and deny lists, enforced before any call), `disabled` (skip the entry, as
-several hosts do).
+several hosts do), `trust_annotations` and `read_only_tools` (whether the server's read-only /
+destructive hints are believed, and which of its tools you declare read-only yourself).
 In tests, an in-process server object (`MCPServer` or a low-level `Server`) may stand in for an entry.
 """
 
@@ -39,6 +40,14 @@ class _ServerBase(BaseModel):
     in `Toolbox.problems` and left out (unless no server starts at all)."""
     startup_timeout: float | None = Field(default=None, gt=0)
     """Seconds to start, initialize and list tools; `None` takes the toolbox's `startup_timeout`."""
+    trust_annotations: bool = True
+    """Believe the server's `readOnlyHint` / `destructiveHint`. On by default: these are servers you chose
+    to run, a tool without hints already counts as destructive (the MCP spec's default), and hints that
+    contradict each other count as destructive. Off for a server you do not control: then every tool
+    of it counts as destructive (a destructive call needs approval) unless `read_only_tools` names it."""
+    read_only_tools: list[str] = Field(default_factory=list)
+    """The server's own tool names that count as read-only whatever its hints say (your word, not the
+    server's); a name the server does not offer is reported in `Toolbox.problems`."""
 
     def allows(self, remote_name: str) -> bool:
         if remote_name in self.exclude_tools:

@@ -6,7 +6,10 @@ Differences from a plain `StructuredTool` that matter to MCP users:
   otherwise consume (we bypass its signature-based injection);
 - both `invoke` and `ainvoke` work (sync calls are carried to the toolbox's event loop);
 - a failed call becomes a `ToolMessage(status="error")` carrying the full `ToolResult` as its
-  artifact (structured content kept), instead of an exception that stops the graph.
+  artifact (structured content kept), instead of an exception that stops the graph;
+- each tool keeps the catalog entry it was built from (`spec`) and runs only while the live catalog
+  still has that tool under its name: a server that restarts with another listing cannot make an
+  approved read-only name run something else (the call is a `tool_changed` error instead).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class MCPTool(BaseTool):
 
     scope: Any
     """The `ToolboxScope` (or any `ToolBackend` with `call_sync`) calls go through."""
+    spec: ToolSpec
+    """The catalog entry this tool was built from: what a gate judges, and what every call expects
+    the live catalog still to hold (`Toolbox.call(expect=...)`)."""
 
     def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None) -> tuple[tuple, dict]:
         # Pack the model's arguments into one private kwarg so no name of theirs can collide with
@@ -39,11 +45,11 @@ class MCPTool(BaseTool):
         return (), {_ARGS: arguments, _CALL_ID: tool_call_id}
 
     def _run(self, **kwargs: Any) -> Any:
-        result = self.scope.call_sync(self.name, kwargs[_ARGS])
+        result = self.scope.call_sync(self.name, kwargs[_ARGS], expect=self.spec)
         return _reply(self.name, result, kwargs[_CALL_ID])
 
     async def _arun(self, **kwargs: Any) -> Any:
-        result = await self.scope.call(self.name, kwargs[_ARGS])
+        result = await self.scope.call(self.name, kwargs[_ARGS], expect=self.spec)
         return _reply(self.name, result, kwargs[_CALL_ID])
 
 
@@ -67,6 +73,7 @@ def to_langchain_tools(scope: Any) -> list[MCPTool]:
             description=spec.description or spec.name,
             args_schema=spec.input_schema,
             scope=scope,
+            spec=spec,
             metadata={"server": spec.server, "annotations": spec.annotations.as_dict(), "output_schema": spec.output_schema},
         )
         for spec in scope.catalog
@@ -74,8 +81,11 @@ def to_langchain_tools(scope: Any) -> list[MCPTool]:
 
 
 def spec_from_tool(tool: Any) -> ToolSpec:
-    """A catalog entry for any LangChain tool (ours carry MCP annotations in `metadata`), or for a tool
-    in OpenAI's function format (a dict)."""
+    """The catalog entry of a LangChain tool: for ours (`MCPTool`), the very entry it was built from and
+    checks every call against; for any other, one made from its schema and `metadata` annotations; for a
+    tool in OpenAI's function format (a dict), one with the spec's defaults (destructive)."""
+    if isinstance(tool, MCPTool):
+        return tool.spec
     if isinstance(tool, dict):
         fn = tool.get("function", tool)
         return ToolSpec.create(remote_name=fn["name"], server="langchain", description=fn.get("description"),

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died", "tool_error", "denied"]
+ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died", "tool_error", "denied",
+                    "tool_changed"]
 """Why a result is an error.
 
 - `invalid_arguments`: the arguments violate the tool's input schema; the server was not called.
@@ -16,6 +17,8 @@ ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died
 - `server_died`: the server's transport closed during the call; the server is restarted on the next call.
 - `tool_error`: the server answered with `isError: true` or a protocol error.
 - `denied`: the tool is excluded by the server's allow/deny lists; the server was not called.
+- `tool_changed`: the call carried the catalog entry it was gated by (`expect`) and the live entry of
+  that name is another tool now (a server restarted with another listing); the server was not called.
 """
 
 

@@ -28,8 +28,7 @@ class ToolboxScope:
         if not self.bind and not self.hide:
             return full
         if self._views is None or self._views[0] is not full:  # rebuilt after a server restart changed it
-            specs = [spec if not self._bound(spec) else spec.without_parameters(self._bound(spec))
-                     for spec in full if spec.name not in self.hide]
+            specs = [self._view(spec) for spec in full if spec.name not in self.hide]
             self._views = (full, ToolCatalog(specs))
         return self._views[1]
 
@@ -49,17 +48,43 @@ class ToolboxScope:
         # are checked as it saw them, and a value it wrote for a bound field is replaced.
         return ({**arguments, **{k: self.bind[k] for k in bound}} if bound else arguments), None
 
-    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
-        arguments, refused = self._arguments(name, {} if arguments is None else arguments)
-        if refused is not None:
-            return refused
-        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None)
+    def _expected(self, name: str, arguments: Any,
+                  expect: ToolSpec | None) -> tuple[ToolSpec | None, ToolResult | None]:
+        """`expect` is an entry of this view (bound parameters removed); the toolbox checks the full
+        entry. Map it back: the full entry this view shows as `expect`, which the toolbox then checks
+        again where it picks the session (its catalog may change before that)."""
+        if expect is None or not self.bind:
+            return expect, None
+        full = self.toolbox.catalog.get(name)
+        if full is not None and self._view(full).same_tool(expect):
+            return full, None
+        return None, tool_changed(name, arguments, expect, full)
 
-    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
+    def _view(self, spec: ToolSpec) -> ToolSpec:
+        bound = self._bound(spec)
+        return spec.without_parameters(bound) if bound else spec
+
+    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None,
+                   expect: ToolSpec | None = None) -> ToolResult:
+        """The toolbox's `call` with this view's meta and bound arguments (`expect`: an entry of this
+        view's catalog, see `Toolbox.call`)."""
         arguments, refused = self._arguments(name, {} if arguments is None else arguments)
+        if refused is None:
+            expect, refused = self._expected(name, arguments, expect)
         if refused is not None:
             return refused
-        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None)
+        checked = {"expect": expect} if expect is not None else {}  # a toolbox of its own may not take it
+        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None, **checked)
+
+    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None,
+                  expect: ToolSpec | None = None) -> ToolResult:
+        arguments, refused = self._arguments(name, {} if arguments is None else arguments)
+        if refused is None:
+            expect, refused = self._expected(name, arguments, expect)
+        if refused is not None:
+            return refused
+        checked = {"expect": expect} if expect is not None else {}
+        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None, **checked)
 
     def scoped(self, meta: Mapping[str, Any] | None = None, *, bind: Mapping[str, Any] | None = None,
                hide: Iterable[str] = ()) -> ToolboxScope:
@@ -75,3 +100,11 @@ class ToolboxScope:
         from envace_mcp.toolbox.langchain import to_langchain_tools
 
         return to_langchain_tools(self)
+
+
+def tool_changed(name: str, arguments: Any, expect: ToolSpec, now: ToolSpec | None) -> ToolResult:
+    """The `tool_changed` error: `name` was gated as `expect` and is `now` (`None`: gone); nothing ran."""
+    what = f"now {now.summary()}" if now is not None else "no tool of that name is offered now"
+    return ToolResult.error("tool_changed", f"tool {name!r} changed since it was gated: {what}; not run", tool=name,
+                            server=now.server if now is not None else expect.server, arguments=arguments,
+                            details={"gated": expect.to_dict(), "now": now.to_dict() if now is not None else None})

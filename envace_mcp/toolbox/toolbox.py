@@ -26,10 +26,10 @@ from pydantic import ValidationError
 
 from envace_mcp.errors import UserError
 from envace_mcp.toolbox._connection import Connection, ServerStartError, _describe
-from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec, name_tools
+from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec, bound_catalog, name_tools
 from envace_mcp.toolbox.config import ServerSpec, load_servers
 from envace_mcp.toolbox.result import ToolResult
-from envace_mcp.toolbox.scope import ToolboxScope
+from envace_mcp.toolbox.scope import ToolboxScope, tool_changed
 
 DEFAULT_TIMEOUT_S = 60.0
 """Long enough for real tools (a quote service, a database), short enough that a hung tool
@@ -37,6 +37,9 @@ does not stall a GRPO batch for minutes."""
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
 """Start a process, initialize, list tools: seconds for a healthy server (a Python one takes ~1 s),
 and a server that hangs in any of them is given up on instead of keeping the toolbox opening forever."""
+_ROUTE_TRIES = 3
+"""Look-ups of one call: the first, one after a restart, one after a catalog refresh; a server that keeps
+dying while a call is routed fails the call instead of looping."""
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,10 @@ class Toolbox:
             for name, spec in self.specs.items()
         }
         self._catalog = ToolCatalog([])
+        self._built_from: dict[str, int] = {}
+        """Each server's connection generation the catalog was built from (a restart may change its listing)."""
+        self._left_out: dict[str, str] = {}
+        """Catalog names left out by the catalog's bounds, with why (what a call to one of them says)."""
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,8 +115,8 @@ class Toolbox:
             self._problems = [str(exc) for exc in failures.values()]
             for name, exc in failures.items():
                 self._connections[name].dead_reason = f"failed to start: {exc}"
-            self._rebuild_catalog()
-            self._problems += [p for conn in self._connections.values() for p in conn.problems]
+            bounds = self._rebuild_catalog()
+            self._problems += [p for conn in self._connections.values() for p in conn.problems] + bounds
             for problem in self._problems:
                 logger.warning("%s", problem)
         except BaseException as exc:
@@ -154,8 +161,23 @@ class Toolbox:
         for conn in self._connections.values():
             conn.close_log()
 
-    def _rebuild_catalog(self) -> None:
-        self._catalog = ToolCatalog(name_tools({n: c.tools for n, c in self._connections.items()}).values())
+    def _rebuild_catalog(self) -> list[str]:
+        """Name every server's tools and keep what fits the catalog's bounds; returns what was left out."""
+        kept, self._left_out, problems = bound_catalog(
+            name_tools({n: c.tools for n, c in self._connections.items()}).values())
+        self._catalog = ToolCatalog(kept)
+        self._built_from = {n: c.generation for n, c in self._connections.items()}
+        return problems
+
+    def _refresh(self, server: str) -> None:
+        """Bring the catalog up to date with a server that restarted since it was built."""
+        conn = self._connections[server]
+        if self._built_from.get(server) != conn.generation:
+            problems = self._rebuild_catalog()
+            for problem in [*conn.problems, *problems]:
+                if problem not in self._problems:
+                    logger.warning("%s", problem)
+                    self._problems.append(problem)
 
     # ------------------------------------------------------------------ catalog
 
@@ -173,7 +195,9 @@ class Toolbox:
     def problems(self) -> list[str]:
         """What went wrong while opening, without stopping it: servers that did not start (left out),
         tools listed twice or without a name (left out), tools whose input schema is unsafe (their
-        calls are refused). Each is also logged as a warning."""
+        calls are refused), what the catalog's bounds cut or left out (`catalog.MAX_*`), names in a
+        server's `read_only_tools` that it does not offer. Each is also logged as a warning; a restart
+        that lists new problems adds them."""
         return list(self._problems)
 
     def restarts(self, server: str) -> int:
@@ -193,15 +217,21 @@ class Toolbox:
         *,
         timeout: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        expect: ToolSpec | None = None,
     ) -> ToolResult:
         """Call a tool by its catalog name. Never raises for tool, server or argument failures.
 
         `meta` travels as the request's `_meta` (the bundled servers read their episode key there).
+        `expect`: the catalog entry the call was judged by (gated, approved). The call runs only if the
+        live entry for `name` is still that tool — same server, remote tool, annotations and schemas —
+        checked in the same step that picks the server's session; otherwise it is not run and the
+        result is a `tool_changed` error (a server that restarted with another listing can otherwise
+        turn an approved read-only name into another server's destructive tool).
         Safe to call from any thread or event loop: calls are carried to the toolbox's own loop.
         """
         self._require_open()
         _check_timeout(timeout)
-        coro = self._call(name, {} if arguments is None else arguments, timeout, meta)
+        coro = self._call(name, {} if arguments is None else arguments, timeout, meta, expect)
         if self._on_own_loop():
             return await coro
         assert self._loop is not None
@@ -214,6 +244,7 @@ class Toolbox:
         *,
         timeout: float | None = None,
         meta: Mapping[str, Any] | None = None,
+        expect: ToolSpec | None = None,
     ) -> ToolResult:
         """Blocking `call` for synchronous code running outside the toolbox's event loop thread."""
         self._require_open()
@@ -224,35 +255,39 @@ class Toolbox:
             )
         assert self._loop is not None
         _check_timeout(timeout)
-        coro = self._call(name, {} if arguments is None else arguments, timeout, meta)
+        coro = self._call(name, {} if arguments is None else arguments, timeout, meta, expect)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _call(self, name: str, arguments: Any, timeout: float | None, meta: Mapping[str, Any] | None) -> ToolResult:
+    async def _call(self, name: str, arguments: Any, timeout: float | None, meta: Mapping[str, Any] | None,
+                    expect: ToolSpec | None = None) -> ToolResult:
         started = time.perf_counter()
-        spec = self._catalog.get(name)
-        if spec is None:
-            return self._unknown(name, arguments)
-        problems = spec.validator.errors(arguments)
-        if problems:
-            first = problems[0]
-            where = f"field '{first['field']}'" if first["field"] else "arguments"
-            return ToolResult.error(
-                "invalid_arguments",
-                f"Invalid arguments for tool '{name}': {where}: {first['message']}",
-                tool=name,
-                server=spec.server,
-                arguments=arguments,
-                details={"field": first["field"], "errors": problems},
-            )
-        conn = self._connections[spec.server]
-        assert self._tg is not None
-        before = conn.generation
-        try:
-            client = await conn.ensure(self._tg)
-        except ServerStartError as exc:
-            return self._died(spec, arguments, f"server '{spec.server}' is down and could not be restarted: {exc}", started)
-        if conn.generation != before and self._stale(spec.server):
-            self._rebuild_catalog()
+        # Route: find the entry, bring a dead server back (which may change its listing and so the
+        # catalog), and look again. The final look-up, the `expect` check, the validation and the choice
+        # of session happen with no await between them: nothing can change the catalog in between.
+        for _ in range(_ROUTE_TRIES):
+            spec = self._catalog.get(name)
+            if spec is None:
+                return self._unknown(name, arguments, expect)
+            refused = self._refused(spec, arguments, expect)
+            if refused is not None:  # no need to bring a server back to refuse a call to it
+                return refused
+            conn = self._connections[spec.server]
+            if conn.alive and self._built_from.get(spec.server) == conn.generation:
+                break
+            if conn.alive:
+                self._refresh(spec.server)
+                continue
+            try:
+                await conn.ensure(self._tg)  # type: ignore[arg-type]
+            except ServerStartError as exc:
+                return self._died(spec, arguments, f"server '{spec.server}' is down and could not be restarted: {exc}",
+                                  started)
+            self._refresh(spec.server)
+        else:
+            return self._died(spec, arguments, f"server '{spec.server}' kept restarting while the call was routed",
+                              started)
+        client = conn.client
+        assert client is not None and self._tg is not None
         generation = conn.generation
         limit = timeout if timeout is not None else (conn.spec.timeout or self.timeout)
 
@@ -291,11 +326,32 @@ class Toolbox:
             latency_s=time.perf_counter() - started,
         )
 
-    def _stale(self, server: str) -> bool:
-        current = {(t.remote_name, t.server) for t in self._catalog if t.server == server}
-        return current != {(t.remote_name, t.server) for t in self._connections[server].tools}
+    def _refused(self, spec: ToolSpec, arguments: Any, expect: ToolSpec | None) -> ToolResult | None:
+        """Why a call to this entry must not run: it is not the tool that was gated, or the arguments
+        break its input schema."""
+        if expect is not None and not spec.same_tool(expect):
+            return tool_changed(spec.name, arguments, expect, spec)
+        problems = spec.validator.errors(arguments)
+        if not problems:
+            return None
+        first = problems[0]
+        where = f"field '{first['field']}'" if first["field"] else "arguments"
+        return ToolResult.error(
+            "invalid_arguments",
+            f"Invalid arguments for tool '{spec.name}': {where}: {first['message']}",
+            tool=spec.name,
+            server=spec.server,
+            arguments=arguments,
+            details={"field": first["field"], "errors": problems},
+        )
 
-    def _unknown(self, name: str, arguments: Any) -> ToolResult:
+    def _unknown(self, name: str, arguments: Any, expect: ToolSpec | None = None) -> ToolResult:
+        if expect is not None:
+            return tool_changed(name, arguments, expect, None)
+        if name in self._left_out:
+            return ToolResult.error("unknown_tool",
+                                    f"Tool '{name}' was left out of the catalog: {self._left_out[name]}",
+                                    tool=name, arguments=arguments, details={"available": self._catalog.names})
         for server, conn in self._connections.items():
             if name in conn.denied:
                 return ToolResult.error(
