@@ -14,6 +14,7 @@ import typer
 from envace_mcp.cli._common import (
     RehearseTokensOpt,
     _fail,
+    _holding,
     _model_name,
     _positive,
     _store,
@@ -67,32 +68,34 @@ def train_sft_command(
         if learned != recorded:
             _fail(ValueError(f"--adapter {str(adapter)!r} was trained on {learned}, the runs were recorded with "
                              f"{recorded}: record them in the adapter's formats"))
+    from envace_mcp._files import open_append
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.train.sft import SFTConfig, sft_rows, steps_per_epoch, target_encoding, train_sft
 
-    lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True,
-                               dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
-    encode, end = target_encoding(tokenizer)
-    rows = sft_rows(runs, encode, end, min_reward=min_reward, roles=tuple(role or ("act", "rehearse")))
-    if not rows:
-        _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
-    config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
-                       bf16="auto" if bf16 is None else bf16, share_prefix=share_prefix, micro_batch=micro_batch,
-                       micro_tokens=micro_tokens or None, lora_r=lora_r, lora_alpha=2 * lora_r)
-    out.mkdir(parents=True, exist_ok=True)
-    steps = config.epochs * steps_per_epoch(rows, config)
-    with Progress("SFT", total=steps, console=console) as progress, open(out / "metrics.jsonl", "w") as log:
+    with _holding(out):  # one process per --out, held from before the model loads
+        lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True,
+                                   dtype="checkpoint")  # the checkpoint's own dtype, as transformers loads it
+        encode, end = target_encoding(tokenizer)
+        rows = sft_rows(runs, encode, end, min_reward=min_reward, roles=tuple(role or ("act", "rehearse")))
+        if not rows:
+            _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
+        config = SFTConfig(epochs=epochs, batch_size=batch_size, lora=not full, lr=lr or (2e-4 if not full else 1e-5),
+                           bf16="auto" if bf16 is None else bf16, share_prefix=share_prefix, micro_batch=micro_batch,
+                           micro_tokens=micro_tokens or None, lora_r=lora_r, lora_alpha=2 * lora_r)
+        steps = config.epochs * steps_per_epoch(rows, config)
+        with Progress("SFT", total=steps, console=console) as progress, \
+                open_append(out / "metrics.jsonl", truncate=True) as log:
 
-        def on_step(m: dict[str, float]) -> None:
-            log.write(json.dumps(m) + "\n")
-            log.flush()  # readable while training runs
-            progress.advance(loss=round(m["loss"], 4))
+            def on_step(m: dict[str, float]) -> None:
+                log.write(json.dumps(m) + "\n")
+                log.flush()  # readable while training runs
+                progress.advance(loss=round(m["loss"], 4))
 
-        train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)
-    write_adapter_format(out, tool_format, rehearse_format)  # loading the adapter renders prompts the way it learned them
-    tokenizer.save_pretrained(out)
+            train_sft(lm, rows, tokenizer.pad_token_id or 0, config, out=out, on_step=on_step)
+        write_adapter_format(out, tool_format, rehearse_format)  # loading the adapter renders prompts the way it learned them
+        tokenizer.save_pretrained(out)
     console.print(f"trained on {len(rows)} rows; saved to {out}")
 
 
@@ -159,14 +162,15 @@ def train_grpo_command(
             _fail(exc)
     from envace_mcp.train.trainer import OfflineGRPO
 
-    try:
-        if traces is not None:
-            trainer: Any = OfflineGRPO(settings, _store(traces).directory, out, runs=runs)
-        else:
-            trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split, rehearse_max_new_tokens)
-        records = _interruptible(trainer.run)
-    except EnvaceError as exc:
-        _fail(exc)
+    with _holding(out):  # one process per --out: two would tear its checkpoint and metrics
+        try:
+            if traces is not None:
+                trainer: Any = OfflineGRPO(settings, _store(traces).directory, out, runs=runs)
+            else:
+                trainer = _online_trainer(settings, suite, out, k, mode, max_new_tokens, split, rehearse_max_new_tokens)
+            records = _interruptible(trainer.run)
+        except EnvaceError as exc:
+            _fail(exc)
     if records:
         console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")

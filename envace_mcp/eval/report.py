@@ -167,6 +167,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> bool:
     ax.set_title(f"{results[0]['suite']} ({results[0]['settings']['split']}): {summary['tasks']} tasks × {summary['repeats']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from envace_mcp._files import savefig_atomic
+
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
     return True

@@ -8,9 +8,12 @@ import os
 import weakref
 from typing import Any
 
+from envace_mcp._redact import redact
 from envace_mcp.errors import BackendError
 
-API_KEY_ENV = ("VLLM_API_KEY", "OPENAI_API_KEY")
+API_KEY_ENV = "VLLM_API_KEY"
+"""The only variable a key is taken from: `OPENAI_API_KEY` belongs to another service, and would be
+sent to whatever address the command line names."""
 
 
 class ServerClient:
@@ -21,7 +24,9 @@ class ServerClient:
     def __init__(self, url: str, *, api_key: str | None = None, timeout_s: float = 300.0, retries: int = 3,
                  backoff_s: float = 0.5, max_concurrency: int = 64) -> None:
         self.url = url
-        self.api_key = api_key if api_key is not None else next((os.environ[k] for k in API_KEY_ENV if os.environ.get(k)), None)
+        self.shown = redact(url)
+        """`url` as messages show it (credentials in it are `***`)."""
+        self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.max_concurrency = max_concurrency
         self._clients: weakref.WeakKeyDictionary[Any, tuple[Any, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
@@ -51,10 +56,10 @@ class ServerClient:
                 try:
                     response = await client.post(path, json=body)
                 except httpx.TimeoutException as exc:
-                    raise BackendError(f"vLLM at {self.url} did not answer within {self.timeout_s:g} s") from exc
+                    raise BackendError(f"vLLM at {self.shown} did not answer within {self.timeout_s:g} s") from exc
                 except httpx.TransportError as exc:
                     if attempt == self.retries:
-                        raise BackendError(f"vLLM at {self.url} is not reachable ({type(exc).__name__}: {exc}); "
+                        raise BackendError(f"vLLM at {self.shown} is not reachable ({type(exc).__name__}: {exc}); "
                                            f"tried {self.retries + 1} times") from exc
                 else:
                     if response.status_code not in (502, 503, 504) or attempt == self.retries:
@@ -77,7 +82,7 @@ class ServerClient:
             response = httpx.request(method, (self.root if root else self.url) + path, json=body, headers=self.headers,
                                      timeout=self.timeout_s)
         except httpx.HTTPError as exc:
-            raise BackendError(f"vLLM at {self.url} is not reachable ({type(exc).__name__}: {exc}); is the server "
+            raise BackendError(f"vLLM at {self.shown} is not reachable ({type(exc).__name__}: {exc}); is the server "
                                "running (python -m vllm.entrypoints.openai.api_server …)?") from exc
         return self._json(response) if response.headers.get("content-type", "").startswith("application/json") \
             or response.status_code >= 400 else response.text
@@ -96,9 +101,9 @@ class ServerClient:
                 message = message or detail.get("message") or detail.get("detail") or response.text
             except ValueError:
                 message = response.text
-            raise BackendError(f"vLLM at {self.url} answered {response.status_code}: {str(message)[:500]}",
+            raise BackendError(f"vLLM at {self.shown} answered {response.status_code}: {str(message)[:500]}",
                                status=response.status_code)
         try:
             return response.json()
         except ValueError as exc:
-            raise BackendError(f"vLLM at {self.url} answered with no JSON: {response.text[:200]!r}") from exc
+            raise BackendError(f"vLLM at {self.shown} answered with no JSON: {response.text[:200]!r}") from exc

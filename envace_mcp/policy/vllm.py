@@ -27,6 +27,7 @@ from typing import Any
 
 from envace_mcp.engine.turns import eos_ids as turn_end_ids
 from envace_mcp.errors import BackendError, UserError
+from envace_mcp._redact import redact
 from envace_mcp.policy._server import ServerClient
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import adapter_formats
@@ -59,7 +60,8 @@ class VLLMPolicy(TokenPolicy):
         url: the server's OpenAI base address, `http://host:port/v1`.
         tokenizer: the served model's tokenizer (renders and encodes every prompt).
         model: the served model (or LoRA adapter) name requests go to.
-        api_key: sent as a bearer token (default: `VLLM_API_KEY`, then `OPENAI_API_KEY`).
+        api_key: sent as a bearer token (default: `VLLM_API_KEY`; never `OPENAI_API_KEY`, a key for
+            another service that would go to whatever address `url` names).
         timeout_s: per request; retries: attempts after a refused connection or a 502/503/504,
             `backoff_s` apart, doubling; max_concurrency: requests in flight at once.
         eos_ids: token ids that end a turn (default: the tokenizer's EOS and ChatML's `<|im_end|>`);
@@ -72,7 +74,8 @@ class VLLMPolicy(TokenPolicy):
         super().__init__(tokenizer, **kwargs)
         self.client = ServerClient(base_url(url), api_key=api_key, timeout_s=timeout_s, retries=retries,
                                    backoff_s=backoff_s, max_concurrency=max_concurrency)
-        self.url = self.client.url
+        self.url = redact(self.client.url)
+        """The address as shown (names, messages, traces): credentials in it are `***`."""
         self.model = model
         self.name = name or f"{model} (vLLM at {self.url})"
         self.send_seeds = send_seeds
@@ -94,16 +97,18 @@ class VLLMPolicy(TokenPolicy):
         url = base_url(url)
         served = ServerClient(url, api_key=kwargs.get("api_key"), timeout_s=30.0).request_sync("GET", "/models").get("data")
         if not served:
-            raise BackendError(f"vLLM at {url} serves no model")
+            raise BackendError(f"vLLM at {redact(url)} serves no model")
         wanted = model or os.environ.get(MODEL_ENV) or served[0]["id"]
         entry = next((m for m in served if m["id"] == wanted), None)
         if entry is None:
-            raise UserError(f"the vLLM server at {url} does not serve {wanted!r}; it serves "
+            raise UserError(f"the vLLM server at {redact(url)} does not serve {wanted!r}; it serves "
                             f"{', '.join(repr(m['id']) for m in served)}")
         if tokenizer is None or isinstance(tokenizer, (str, Path)):
             tokenizer = _tokenizer(tokenizer or entry.get("root") or wanted)
         for key, value in adapter_formats(adapter).items():
             kwargs.setdefault(key, value)
+        if isinstance(entry.get("max_model_len"), int):  # what the server takes; a longer request is not sent
+            kwargs.setdefault("context_window", entry["max_model_len"])
         policy = cls(url, tokenizer, model=wanted, **kwargs)
         if adapter is not None:
             policy.load_adapter(adapter, formats=False)  # its formats are in kwargs, unless given there

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from envace_mcp._redact import redact
 
 SCHEMA_VERSION = 2
 
@@ -124,6 +126,12 @@ class Trace(BaseModel):
     rewards: list[Reward] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("model", "error")
+    @classmethod
+    def _without_credentials(cls, value: str | None) -> str | None:
+        """A model's address (`vllm:http://user:pass@host/v1`) or an error quoting one keeps no secret."""
+        return redact(value) if value is not None else None
 
     def reward(self, name: str) -> Reward | None:
         return next((r for r in reversed(self.rewards) if r.name == name), None)

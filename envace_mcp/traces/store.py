@@ -13,6 +13,7 @@ resumes at the next gzip header. A line that is JSON of the wrong shape is a rep
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gzip
 import io
@@ -24,21 +25,32 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from envace_mcp._redact import redact
 from envace_mcp.errors import UserError
 from envace_mcp.traces.schema import Reward, Trace, read_trace
 
 _REWARD_PREFIX = b'{"kind":"reward"'
 
 
+def _searchable(mode: int) -> int:
+    """A folder's mode for files of `mode`: whoever may read them may also enter it."""
+    return mode | ((mode & 0o444) >> 2)
+
+
 class TraceStore:
     """A folder of trace files. Writes go to `traces.jsonl` (or `.jsonl.gz`); reads cover every file."""
 
-    def __init__(self, directory: str | Path, *, compress: bool = False, fsync: bool = False) -> None:
+    def __init__(self, directory: str | Path, *, compress: bool = False, fsync: bool = False,
+                 mode: int = 0o600) -> None:
         self.directory = Path(directory)
         self.path = self.directory / ("traces.jsonl.gz" if compress else "traces.jsonl")
         self.compress = compress
         self.fsync = fsync
         """Also `fsync` each record (survives power loss, not just a killed process); slower."""
+        self.mode = mode
+        """Permissions of a trace file this store creates (traces hold prompts, tool results, model
+        addresses: owner-only by default); its folder, when created here, gets them plus search
+        (`0o600` -> `0o700`, `0o644` -> `0o755`). Existing files and folders keep theirs."""
         self.problems: list[str] = []
         """What the last read skipped: torn tails and corrupt lines, with file and line."""
         self._lock = threading.Lock()
@@ -46,7 +58,11 @@ class TraceStore:
     # ------------------------------------------------------------------ writing
 
     def append(self, trace: Trace) -> None:
-        self._write({"kind": "trace", **trace.model_dump(mode="json")})
+        record = trace.model_dump(mode="json")
+        for key in ("model", "error"):  # set after validation (`trace.error = ...`): redacted here too
+            if isinstance(record.get(key), str):
+                record[key] = redact(record[key])
+        self._write({"kind": "trace", **record})
 
     def attach_reward(self, run_id: str, reward: Reward) -> None:
         """Record a reward for a stored run (read back merged into the trace's `rewards`)."""
@@ -58,9 +74,13 @@ class TraceStore:
         data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
         if self.compress:
             data = gzip.compress(data)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.directory.is_dir():
+            self.directory.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another writer made it first
+                self.directory.mkdir(mode=_searchable(self.mode))
         with self._lock:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a link planted as the trace file is refused, its target never written
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, self.mode)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 size = os.fstat(fd).st_size

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from envace_mcp._files import open_append, savefig_atomic, write_atomic
+
 
 class MetricsLog:
     """`metrics.jsonl` of a run (rank 0 writes); `trim(step)` forgets what a killed run logged after its
@@ -16,16 +18,14 @@ class MetricsLog:
 
     def append(self, record: dict[str, Any]) -> None:
         if self.rank == 0:
-            with open(self.path, "a") as fh:
+            with open_append(self.path) as fh:  # never through a link planted there
                 fh.write(json.dumps(record) + "\n")
 
     def trim(self, step: int) -> None:
         if self.rank != 0 or not self.path.exists():
             return
         kept = [record for record in read_metrics(self.path) if record["step"] <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
-        tmp.replace(self.path)
+        write_atomic(self.path, "".join(json.dumps(record) + "\n" for record in kept))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -78,6 +78,6 @@ def plot_metrics(metrics: Path | dict[str, Path], png: Path) -> Path | None:
         ax.set_title(title)
         ax.set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(png, dpi=80)
+    savefig_atomic(fig, png, dpi=80)
     plt.close(fig)
     return png

@@ -147,6 +147,77 @@ def test_an_adapter_swap_pauses_generation_where_the_server_can(tiny_qwen3_dir, 
         routes.close()
 
 
+class _Models:
+    """A local server answering `GET /v1/models` and recording the Authorization header of each request."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[str | None] = []
+        models = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                models.seen.append(self.headers.get("Authorization"))
+                body = b'{"data": [{"id": "base"}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.port = self.server.server_address[1]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_only_vllm_api_key_or_an_explicit_key_is_sent_never_another_services_key(tiny_qwen3_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from envace_mcp.policy.vllm import VLLMPolicy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    server = _Models()
+    url = f"http://127.0.0.1:{server.port}/v1"
+    try:
+        monkeypatch.delenv("VLLM_API_KEY", raising=False)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-not-for-this-server")
+        VLLMPolicy.from_url(url, tokenizer=tokenizer).client.request_sync("GET", "/models")
+        monkeypatch.setenv("VLLM_API_KEY", "vllm-key")
+        VLLMPolicy.from_url(url, tokenizer=tokenizer)
+        VLLMPolicy.from_url(url, tokenizer=tokenizer, api_key="explicit")
+        assert server.seen == [None, None, "Bearer vllm-key", "Bearer explicit"]
+    finally:
+        server.close()
+
+
+def test_credentials_in_the_servers_address_stay_out_of_the_policys_name_and_messages(tiny_qwen3_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from envace_mcp.policy.vllm import VLLMPolicy
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    server = _Models()
+    try:
+        policy = VLLMPolicy.from_url(f"http://alice:hunter2@127.0.0.1:{server.port}/v1",
+                                     tokenizer=AutoTokenizer.from_pretrained(tiny_qwen3_dir))
+        assert server.seen == ["Basic YWxpY2U6aHVudGVyMg=="]  # the credentials still reach the server itself
+        assert "hunter2" not in policy.name and "hunter2" not in policy.url and "***@127.0.0.1" in policy.name
+    finally:
+        server.close()
+    with pytest.raises(BackendError) as failed:
+        policy.client.request_sync("GET", "/models")
+    assert "hunter2" not in str(failed.value) and "alice" not in str(failed.value)
+
+
 def test_two_adapter_folders_of_one_name_are_served_under_two_names(tmp_path):
     """An agent and its world model from two runs (`a/final`, `b/final`) on one server: the same folder
     name must not mean the same weights."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from envace_mcp.errors import UserError
+from envace_mcp.train.checkpoints import read_checkpoint
 from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "traces"
@@ -57,6 +58,50 @@ def test_a_stopped_run_resumes_to_the_same_parameters_as_an_uninterrupted_one(ti
     second.run()
     a, b = trainable(straight), trainable(second)
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+class _Planted:
+    """A pickle that, unpickled, creates the file `marker`: what a planted `state.pt` would run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_pickle_checkpoint_is_refused_in_one_line_and_never_unpickled(tiny_dir, tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    torch.save({"step": 1, "payload": _Planted(marker)}, tmp_path / "run" / "checkpoint" / "state.pt")
+    with pytest.raises(UserError, match="old pickle format") as refused:
+        trainer(tiny_dir, tmp_path / "run").run()
+    assert not marker.exists()  # the pickle was never loaded
+    assert "\n" not in str(refused.value)
+
+
+def test_envace_train_grpo_resuming_onto_a_planted_pickle_fails_in_one_line_and_runs_nothing(tiny_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    marker, out = tmp_path / "ran", tmp_path / "out"
+    (out / "checkpoint").mkdir(parents=True)
+    torch.save({"step": 1, "payload": _Planted(marker)}, out / "checkpoint" / "state.pt")
+    (tmp_path / "grpo.json").write_text(json.dumps({"model": str(tiny_dir), "steps": 1, "micro_batch": 2}))
+    done = subprocess.run([sys.executable, "-m", "envace_mcp.cli", "train", "grpo", "--traces", str(FIXTURES),
+                           "--out", str(out), "--config", str(tmp_path / "grpo.json")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "old pickle format" in lines[0], done.stderr
+    assert not marker.exists()
+
+
+def test_a_checkpoint_that_is_not_one_envace_wrote_is_refused_clearly(tiny_dir, tmp_path):
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "state.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(UserError, match="not a checkpoint this envace-mcp wrote"):
+        trainer(tiny_dir, tmp_path / "run").run()
 
 
 def test_act_only_and_trajectory_advantages_are_options(tiny_dir, tmp_path):
@@ -121,12 +166,12 @@ def _stop_part_way(tiny_dir, tmp_path, sig, *, checkpoint_every, after_lines):
     assert stopped.poll() is None, "training finished before it could be stopped"
     os.kill(stopped.pid, sig)
     code = stopped.wait(timeout=120)
-    state = torch.load(tmp_path / "stopped" / "checkpoint" / "state.pt", weights_only=False)
+    state, _ = read_checkpoint(tmp_path / "stopped" / "checkpoint" / "state.safetensors")
     subprocess.run(command(tmp_path / "stopped"), env=env, check=True, capture_output=True, timeout=600)
-    a = torch.load(tmp_path / "straight" / "checkpoint" / "state.pt", weights_only=False)
-    b = torch.load(tmp_path / "stopped" / "checkpoint" / "state.pt", weights_only=False)
-    assert a["step"] == b["step"] == 6 and a["params"].keys() == b["params"].keys()
-    assert all(torch.equal(a["params"][n], b["params"][n]) for n in a["params"])  # resumed bit-for-bit
+    (a, a_params), (b, b_params) = (read_checkpoint(tmp_path / run / "checkpoint" / "state.safetensors")
+                                    for run in ("straight", "stopped"))
+    assert a["step"] == b["step"] == 6 and a_params.keys() == b_params.keys()
+    assert all(torch.equal(a_params[n], b_params[n]) for n in a_params)  # resumed bit-for-bit
     return code, state
 
 
