@@ -1,34 +1,53 @@
-"""A readable, streamed transcript of a graph run for the CLI (rich)."""
+"""A readable, streamed transcript of a graph run for the CLI (rich).
+
+Everything a model, a server or a task wrote is printed through `envace_mcp._terminal` (as text, its
+control characters visible); calls are shown whole."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.text import Text
 
+from envace_mcp._terminal import call_display, call_lines, safe
 from envace_mcp.graph.memory import shorten
 
 _DECISION_STYLE = {"execute": "green", "simulate": "cyan", "feedback": "yellow", "block": "red", "reject": "red",
                    "budget": "red", "ask": "magenta", "rejected_by_human": "red"}
 
 
-def _prediction(p: dict[str, Any] | None) -> str:
+def _prediction(p: dict[str, Any] | None, limit: int | None = 160) -> Text:
+    """A rehearsal in a few words; `limit=None`: whole (an approval shows all it was gated on)."""
+    def shown(value: Any) -> Text:
+        return safe(value if limit is None else shorten(value, limit))
+
     if not p:
-        return "[dim]not rehearsed[/]"
+        return Text("not rehearsed", "dim")
     if p["status"] == "result":
-        return f"[cyan]predicts[/] {shorten(p.get('result'))}"
+        return Text.assemble(("predicts ", "cyan"), shown(p.get("result")))
     if p["status"] == "tool_error":
-        return f"[yellow]predicts error[/] {p.get('code')}: {shorten(p.get('message') or p.get('details') or '', 160)}"
-    return f"[dim]rehearsal unusable ({p.get('code')})[/]"
+        return Text.assemble(("predicts error ", "yellow"), safe(str(p.get("code"))), ": ",
+                             shown(p.get("message") or p.get("details") or ""))
+    return Text.assemble(("rehearsal unusable (", "dim"), safe(str(p.get("code")), "dim"), (")", "dim"))
 
 
 class Transcript:
-    """Prints `updates` stream chunks of the EnvACE graph as they arrive."""
+    """Prints `updates` stream chunks of the EnvACE graph as they arrive. With the run's
+    `TerminalApprover`, a line that arrives while a question waits for its answer is printed after the
+    answer: nothing comes between a call shown for approval and the reply typed under it."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, approver: TerminalApprover | None = None) -> None:
         self.console = console
+        self.approver = approver
         self.records: dict[str, dict[str, Any]] = {}
+
+    def print(self, *renderables: RenderableType) -> None:
+        if self.approver is not None:
+            self.approver.show(*renderables)
+        else:
+            self.console.print(*renderables)
 
     def update(self, node: str, update: dict[str, Any] | None) -> None:
         if not update:
@@ -40,64 +59,102 @@ class Transcript:
         for message in update.get("messages", []) or []:
             self._message(node, message)
         if update.get("status") == "max_steps":
-            self.console.print("[red]stopped: step budget spent[/]")
+            self.print(Text("stopped: step budget spent", "red"))
 
     def _message(self, node: str, message: Any) -> None:
         if isinstance(message, AIMessage):
             for call in message.tool_calls:
-                self.console.print(f"[bold]agent →[/] {call['name']}({shorten(call['args'], 200)})")
+                self.print(call_display(call["name"], call["args"], self.console.width, Text("agent → ", "bold")))
             if not message.tool_calls:
-                self.console.print(f"[bold]agent:[/] {message.content}")
+                self.print(Text.assemble(("agent: ", "bold"), safe(message.content)))
         elif isinstance(message, HumanMessage) and node == "agent":
-            self.console.print(f"[yellow]format reminder:[/] {shorten(message.content, 160)}")
+            self.print(Text.assemble(("format reminder: ", "yellow"), safe(shorten(message.content, 160))))
         elif isinstance(message, ToolMessage) and node == "act":
             record = self.records.get(message.tool_call_id, {})
             colour = "red" if message.status == "error" else "green"
             label = "simulated" if record.get("decision") == "simulate" else "real" if record.get("real") else "reply"
-            line = f"   [{colour}]{label}:[/] {shorten(message.content)}"
+            line = Text.assemble("   ", (f"{label}: ", colour), safe(shorten(message.content)))
             match = record.get("match")
             if match is not None:
-                line += " [green](matched)[/]" if match >= 0.999 else f" [bold red]MISMATCH {match:.2f}[/] {record.get('mismatches', [])[:4]}"
-            self.console.print(line)
+                line.append_text(Text(" (matched)", "green") if match >= 0.999 else Text.assemble(
+                    (f" MISMATCH {match:.2f} ", "bold red"), safe(record.get("mismatches", [])[:4])))
+            self.print(line)
 
     def _record(self, node: str, known: dict[str, Any], record: dict[str, Any]) -> None:
         if node == "rehearse":
-            self.console.print(f"   rehearse {known.get('tool')}: {_prediction(record.get('prediction'))}")
+            self.print(Text.assemble("   rehearse ", safe(str(known.get("tool"))), ": ", _prediction(record.get("prediction"))))
         elif node == "gate":
             style = _DECISION_STYLE.get(record["decision"], "white")
-            self.console.print(f"   gate: [{style}]{record['decision']}[/] — {record.get('reason', '')}")
+            self.print(Text.assemble("   gate: ", safe(str(record["decision"]), style), " — ", safe(str(record.get("reason") or ""))))
 
 
 class TerminalApprover:
-    """`EnvaceContext.approve` for the CLI: shows the call and its rehearsed outcome, then asks on the
-    terminal. With no terminal on stdin (CI, pipes, `nohup`) the call is denied and the output says why;
-    `assume_yes` (`--yes`) approves every call, still shown."""
+    """`EnvaceContext.approve` for the CLI: shows the call whole (every argument, one per line) and its
+    rehearsed outcome, then asks on the terminal. Questions are asked one at a time, each right under
+    the call it is about, with input typed before the question discarded: an answer decides the call
+    shown above it. With no terminal on stdin (CI, pipes, `nohup`) the call is denied and the output
+    says why; `assume_yes` (`--yes`) approves every call, still shown."""
 
     def __init__(self, console: Console, *, assume_yes: bool = False, stdin: Any = None) -> None:
+        import anyio
+
         self.console = console
         self.assume_yes = assume_yes
         self.stdin = stdin
+        self._one_at_a_time = anyio.Lock()
+        self._waiting = False
+        self._held: list[tuple[RenderableType, ...]] = []
+
+    def show(self, *renderables: RenderableType) -> None:
+        """Print now, or after the answer when a question is waiting for one."""
+        if self._waiting:
+            self._held.append(renderables)
+        else:
+            self.console.print(*renderables)
 
     async def __call__(self, request: dict[str, Any]) -> bool:
+        async with self._one_at_a_time:
+            return await self._ask(request)
+
+    async def _ask(self, request: dict[str, Any]) -> bool:
         import sys
 
         import anyio
 
-        self.console.print(f"   [magenta]approval needed:[/] {request['name']}({shorten(request.get('args', {}), 200)})")
-        self.console.print(f"      rehearsed outcome: {_prediction(request.get('rehearsal'))}")
+        self.console.print(call_lines(request["name"], request.get("args", {}), Text("approval needed: ", "magenta"),
+                                      indent=3))
+        self.console.print(Text.assemble("      rehearsed outcome: ", _prediction(request.get("rehearsal"), None)))
         if self.assume_yes:
-            self.console.print("      [green]approved[/] (--yes)")
+            self.console.print(Text.assemble("      ", ("approved", "green"), " (--yes)"))
             return True
         stdin = self.stdin or sys.stdin
         if not (stdin and stdin.isatty()):
-            self.console.print("      [red]denied:[/] no terminal on stdin to ask (pass --yes, or "
-                               "--gate require_approval=never, to run such calls unasked)")
+            self.console.print(Text.assemble("      ", ("denied:", "red"), " no terminal on stdin to ask (pass --yes, or "
+                                             "--gate require_approval=never, to run such calls unasked)"))
             return False
-        self.console.print("      run it? [y/N] ", end="", markup=False)
-        reply = await anyio.to_thread.run_sync(stdin.readline)  # off the loop: other runs go on
+        _discard_typed_ahead(stdin)
+        self.console.print(Text("      run it? [y/N] "), end="")
+        self._waiting = True
+        try:
+            reply = await anyio.to_thread.run_sync(stdin.readline)  # off the loop: other runs go on
+        finally:
+            self._waiting = False
         answer = reply.strip().lower() in ("y", "yes")
-        self.console.print("      [green]approved[/]" if answer else "      [red]denied[/]")
+        self.console.print(Text.assemble("      ", ("approved", "green") if answer else ("denied", "red")))
+        held, self._held = self._held, []
+        for renderables in held:
+            self.console.print(*renderables)
         return answer
+
+
+def _discard_typed_ahead(stdin: Any) -> None:
+    """Keys pressed before a question is shown do not answer it (a second `y` typed for the call before)."""
+    try:
+        import termios
+
+        termios.tcflush(stdin.fileno(), termios.TCIFLUSH)
+    except (ImportError, OSError, ValueError, AttributeError):
+        pass
 
 
 def print_summary(console: Console, records: list[dict[str, Any]], score: float | None = None) -> None:

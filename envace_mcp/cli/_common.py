@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from envace_mcp._terminal import json_text, safe
 from envace_mcp.errors import EnvaceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agents that rehearse before they act (EnvACE) for LangGraph + MCP.")
@@ -111,20 +115,27 @@ def _bundled_config() -> dict[str, Any]:
     return {"mcpServers": {name: get_suite(name).stdio_config() for name in suites()}}
 
 
-def _flags(spec: Any) -> str:
+def _flags(spec: Any) -> Text:
     a = spec.annotations
     if a.read_only:
-        return "[green]read-only[/]"
-    return ", ".join(x for x, on in (("[red]destructive[/]", a.destructive), ("idempotent", a.idempotent)) if on) or "write"
+        return Text("read-only", "green")
+    flags = [Text("destructive", "red")] if a.destructive else []
+    flags += [Text("idempotent")] if a.idempotent else []
+    return Text(", ").join(flags) if flags else Text("write")
 
 
-def _params(schema: dict[str, Any]) -> str:
-    required = set(schema.get("required", []))
-    parts = []
-    for name, prop in (schema.get("properties") or {}).items():
-        kind = prop.get("type") or "|".join(p.get("type", "?") for p in prop.get("anyOf", [])) or ("enum" if "enum" in prop else "object")
-        parts.append(f"{name}{'' if name in required else '?'}: {kind}")
-    return ", ".join(parts)
+def _params(schema: dict[str, Any]) -> Text:
+    """`name: type` per parameter, `?` when optional; names and types are the server's text (`safe`)."""
+    def kind(prop: Any) -> str:
+        if not isinstance(prop, dict):
+            return "?"
+        alternatives = prop.get("anyOf") if isinstance(prop.get("anyOf"), list) else []
+        return json_text(prop.get("type") or "|".join(json_text(p.get("type", "?") if isinstance(p, dict) else "?")
+                                                      for p in alternatives) or ("enum" if "enum" in prop else "object"))
+
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    return safe(", ".join(f"{name}{'' if name in required else '?'}: {kind(prop)}" for name, prop in properties.items()))
 
 
 def _catalog_table(catalog: Any) -> Table:
@@ -133,7 +144,8 @@ def _catalog_table(catalog: Any) -> Table:
         table.add_column(col)
     for spec in catalog:
         returns = spec.output_schema.get("title", "object") if spec.output_schema else "-"
-        table.add_row(spec.name, spec.server, _params(spec.input_schema), returns, _flags(spec))
+        table.add_row(safe(str(spec.name)), safe(str(spec.server)), _params(spec.input_schema), safe(json_text(returns)),
+                      _flags(spec))
     return table
 
 
@@ -156,10 +168,27 @@ RehearseAdapterOpt = Annotated[Optional[str], typer.Option(
 
 def _fail(exc: Exception) -> NoReturn:
     """Bad input or a failed service: one `error:` line on stderr (no traceback), exit code 2."""
-    from rich.text import Text
-
-    err_console.print(Text.assemble(("error: ", "bold red"), str(exc)))
+    err_console.print(Text.assemble(("error: ", "bold red"), safe(str(exc), newlines=True)))
     raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def _holding(folder: Path) -> Iterator[None]:
+    """The command writes into `folder`: held against a second `envace` process for the command's life
+    (`_files.hold_folder`), and a write that fails there (unwritable, a link refused) is one error line."""
+    from envace_mcp._files import hold_folder, unwritable
+
+    held = hold_folder(folder)
+    try:
+        held.__enter__()
+    except EnvaceError as exc:
+        _fail(exc)
+    try:
+        yield
+    except OSError as exc:
+        _fail(unwritable(exc, folder))
+    finally:
+        held.__exit__(None, None, None)
 
 
 def _suite(domain: str, seed: int = 0) -> Any:
@@ -241,7 +270,7 @@ def _store(directory: Path) -> Any:
 
 def _report_problems(store: Any) -> None:
     for problem in store.problems:
-        console.print(f"[yellow]warning:[/] {problem}")
+        console.print(Text.assemble(("warning: ", "yellow"), safe(str(problem), newlines=True)))
 
 
 

@@ -7,7 +7,9 @@ from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
+from rich.text import Text
 
+from envace_mcp._terminal import inline_call, safe
 from envace_mcp.cli._common import (
     AdapterOpt,
     ModelOpt,
@@ -70,15 +72,16 @@ def demo(
     async def main(config: dict[str, Any]) -> None:
         async with Toolbox(config) as toolbox:
             console.print(_catalog_table(toolbox.catalog))
-            console.print(f"\n[bold]Task {task.id}[/] ({task.kind}) over {transport}\n[italic]{task.instruction}[/]\n")
+            console.print(Text.assemble("\n", (f"Task {task.id}", "bold"), f" ({task.kind}) over {transport}\n",
+                                        safe(task.instruction, "italic"), "\n"))
             if reference:
                 episode, verdict = await run_reference(toolbox, suite, task, server=domain)
                 for i, result in enumerate(episode.results, 1):
                     colour = "red" if result.is_error else "green"
-                    console.print(f"  {i}. [bold]{result.tool}[/]({json.dumps(result.arguments)})  "
-                                  f"[dim]{result.latency_s * 1000:.1f} ms[/]")
-                    console.print(f"     [{colour}]→ {json.dumps(result.value)[:300]}[/]")
-                console.print(f"\nanswer: {task.answer}")
+                    console.print(Text.assemble(f"  {i}. ", inline_call(result.tool, result.arguments),
+                                                (f"  {result.latency_s * 1000:.1f} ms", "dim")))
+                    console.print(Text.assemble("     ", safe("→ " + json.dumps(result.value)[:300], colour)))
+                console.print(Text.assemble("\nanswer: ", safe(task.answer)))
             else:
                 from envace_mcp._transcript import (
                     TerminalApprover,
@@ -94,18 +97,20 @@ def demo(
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
 
+                approver = TerminalApprover(console, assume_yes=yes)
                 run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=gate_config,
-                                     rehearse_n=rehearse, on_update=Transcript(console).update,
+                                     rehearse_n=rehearse, on_update=Transcript(console, approver).update,
                                      sampling=_sampling(max_new_tokens, 0.0, 0, rehearse_max_new_tokens),
-                                     approve=TerminalApprover(console, assume_yes=yes),
+                                     approve=approver,
                                      store=TraceStore(traces) if traces else None)
                 verdict = run.verdict
                 if traces:
                     console.print(f"[dim]recorded run {run.trace.run_id} in {traces}[/]")
-                console.print(f"\nfinal answer: {run.state.get('final_answer')}")
-                console.print(f"reference answer: {task.answer}")
+                console.print(Text.assemble("\nfinal answer: ", safe(str(run.state.get("final_answer")))))
+                console.print(Text.assemble("reference answer: ", safe(task.answer)))
             for check in verdict.checks:
-                console.print(f"  {'[green]✓' if check.passed else '[red]✗'}[/] {check.name} {check.detail}")
+                console.print(Text.assemble("  ", ("✓", "green") if check.passed else ("✗", "red"), " ",
+                                            safe(f"{check.name} {check.detail}")))
             if reference:
                 console.print(f"[bold]checker score: {verdict.score:.2f}[/]")
             else:
@@ -169,24 +174,26 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
             _fail(exc)
     try:
         async with Toolbox(servers) as toolbox:
+            approver = TerminalApprover(console, assume_yes=yes)
             context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate_config, mode=mode, sampling=sampling,
-                                    approve=TerminalApprover(console, assume_yes=yes))
+                                    approve=approver)
             graph = create_envace_graph().compile()
             notes = None
             if rehearse > 0:
                 console.print(f"[dim]rehearsing {rehearse} imagined run(s) ({strategy}) …[/]")
                 notes = condense(await imagine(create_envace_graph(), task, context, n=rehearse, strategy=strategy))
-                console.print(notes)
+                console.print(safe(notes, newlines=True))
             from envace_mcp.traces import TraceStore, record_run
 
             payload: Any = {"messages": [HumanMessage(content=task)], **({"notes": notes} if notes else {})}
             final, trace = await record_run(graph, payload, context=context, store=TraceStore(traces) if traces else None,
-                                            on_update=Transcript(console).update,
+                                            on_update=Transcript(console, approver).update,
                                             rehearsal={"n": rehearse, "strategy": strategy} if rehearse else {})
             if traces:
                 console.print(f"[dim]recorded run {trace.run_id} in {traces}[/]")
     except EnvaceError as exc:
         _fail(exc)
-    console.print(f"\n[bold]final answer:[/] {final.get('final_answer')}  [dim]({final.get('status')}, "
-                  f"{final.get('real_calls', 0)} real call(s), {final.get('rehearsal_count', 0)} rehearsal(s))[/]")
+    console.print(Text.assemble(("\nfinal answer: ", "bold"), safe(str(final.get("final_answer"))),
+                                (f"  ({final.get('status')}, {final.get('real_calls', 0)} real call(s), "
+                                 f"{final.get('rehearsal_count', 0)} rehearsal(s))", "dim")))
     print_summary(console, final.get("rehearsals", []))

@@ -7,7 +7,9 @@ from typing import Annotated, Literal, Optional
 
 import anyio
 import typer
+from rich.text import Text
 
+from envace_mcp._terminal import safe
 from envace_mcp.cli._common import AdapterOpt, ModelOpt, _fail, _suite, console, policy_app
 from envace_mcp.errors import EnvaceError
 
@@ -72,16 +74,16 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
     config = {"mcpServers": {suite.name: suite.stdio_config()}}
     async with Toolbox(config) as toolbox:
         catalog = list(toolbox.catalog)
-        console.print(f"[bold]{task.id}[/]: [italic]{task.instruction}[/]")
+        console.print(Text.assemble(safe(task.id, "bold"), ": ", safe(task.instruction, "italic")))
         if role == "act":
             gen = await policy.act(ActRequest(task=task.instruction, tools=catalog, instructions=suite.server_module.POLICY),
                                    params)
             calls = "\n".join(tool_call_text(c.name, c.arguments) for c in gen.parsed.tool_calls) or "(no tool call)"
             issues = ", ".join(i.code for i in gen.parsed.issues) or "none"
             reference = tool_call_text(task.actions[0].tool, task.actions[0].arguments)
-            console.print(Columns([Panel(f"{calls}\n\nanswer: {gen.parsed.final_answer}\nissues: {issues}",
+            console.print(Columns([Panel(safe(f"{calls}\n\nanswer: {gen.parsed.final_answer}\nissues: {issues}", newlines=True),
                                          title=f"act turn of {policy.name}"),
-                                   Panel(reference, title="reference first call")]))
+                                   Panel(safe(reference, newlines=True), title="reference first call")]))
             return
         episode = Episode(task, suite.name)
         scope = toolbox.scoped(episode.meta)
@@ -105,9 +107,9 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
     shown = json.dumps(p.result, indent=2) if p.result is not None else gen.text
     head = f"status: {p.status}" + (f" ({p.code})" if p.code else "") + (f"\n{p.message}" if p.message else "")
     real_head = f"status: {'error (' + str(real.error_kind) + ')' if real.is_error else 'result'}"
-    console.print(f"call: {tool_call_text(name, call_args)}")
-    console.print(Columns([Panel(f"{head}\n\n{shown[:1500]}", title=f"rehearsed by {policy.name}"),
-                           Panel(f"{real_head}\n\n{json.dumps(real.value, indent=2)[:1500]}",
+    console.print(Text.assemble("call: ", safe(tool_call_text(name, call_args), newlines=True)))
+    console.print(Columns([Panel(safe(f"{head}\n\n{shown[:1500]}", newlines=True), title=f"rehearsed by {policy.name}"),
+                           Panel(safe(f"{real_head}\n\n{json.dumps(real.value, indent=2)[:1500]}", newlines=True),
                                  title=f"real result from {suite.name}")]))
     match = compare(p, real)
     console.print(f"fidelity: {match.score:.2f} ({match.matched}/{match.fields} fields, status match: {match.status_match})"

@@ -9,11 +9,14 @@ from typing import Annotated, Any, Literal, Optional
 import anyio
 import typer
 from rich.table import Table
+from rich.text import Text
 
+from envace_mcp._terminal import call_display, safe
 from envace_mcp.cli._common import (
     SplitOpt,
     TracesDir,
     _fail,
+    _holding,
     _model_name,
     _report_problems,
     _store,
@@ -47,7 +50,8 @@ def traces_ls(
         reward = trace.reward("task")
         real = sum(1 for s in trace.steps if s.ran and s.result)
         when = datetime.datetime.fromtimestamp(trace.started_at).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(trace.run_id[:12], trace.task_id or "-", trace.group_id or "-", trace.mode, trace.status,
+        table.add_row(*(safe(str(v)) for v in (trace.run_id[:12], trace.task_id or "-", trace.group_id or "-", trace.mode,
+                                                trace.status)),
                       "-" if reward is None or reward.value is None else f"{reward.value:.2f}", str(len(trace.steps)),
                       str(real), when)
     console.print(table)
@@ -63,40 +67,42 @@ def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is eno
         trace = store.get(run)
     except EnvaceError as exc:
         _fail(exc)
-    console.print(f"[bold]{trace.run_id}[/] {trace.task_id or ''} ({trace.mode}, {trace.status}, model {trace.model})")
+    console.print(Text.assemble(safe(str(trace.run_id), "bold"), " ", safe(f"{trace.task_id or ''} ({trace.mode}, {trace.status}, "
+                                                                  f"model {trace.model})")))
     if trace.task:
-        console.print(f"[italic]{trace.task}[/]")
+        console.print(safe(trace.task, "italic"))
     predictions: dict[str, Any] = {}
     for step in trace.steps:
         if step.role == "act":
             calls = (step.parsed or {}).get("tool_calls") or []
-            for call in calls:
-                console.print(f"[bold]act →[/] {call['name']}({json.dumps(call.get('arguments'))[:200]})")
+            for call in calls:  # whole: a review shows every argument the call carried
+                console.print(call_display(call.get("name"), call.get("arguments"), console.width, Text("act → ", "bold")))
             if not calls:
-                console.print(f"[bold]act:[/] {(step.text or '')[:300]}")
+                console.print(Text.assemble(("act: ", "bold"), safe((step.text or "")[:300])))
         elif step.role == "rehearse":
             predictions[step.call_id] = step.parsed
             p = step.parsed or {}
             shown = p.get("result") if p.get("status") != "invalid" else f"unusable ({p.get('code')})"
-            console.print(f"   [cyan]rehearsed:[/] {json.dumps(shown)[:240]}")
+            console.print(Text.assemble("   ", ("rehearsed: ", "cyan"), safe(json.dumps(shown, default=str)[:240])))
         elif step.role == "gate":
-            console.print(f"   gate: {step.decision} — {step.reason}")
+            console.print(Text.assemble("   gate: ", safe(f"{step.decision} — {step.reason}")))
         elif step.role == "tool":
             result = step.result or {}
-            text = result.get("structured_content") or "".join(b.get("text", "") for b in result.get("content", []))
+            text = result.get("structured_content") or "".join(str(b.get("text", "")) for b in result.get("content", []))
             label = "simulated" if step.simulated else "real"
-            line = f"   [{'red' if result.get('is_error') else 'green'}]{label}:[/] {json.dumps(text)[:240]}"
+            line = Text.assemble("   ", (f"{label}: ", "red" if result.get("is_error") else "green"),
+                                 safe(json.dumps(text, default=str)[:240]))
             if step.comparison is not None:
-                line += (" [green](matched)[/]" if step.comparison.score >= 0.999 else
-                         f" [bold red]MISMATCH {step.comparison.score:.2f}[/] {step.comparison.mismatches[:4]}")
+                line.append_text(Text(" (matched)", "green") if step.comparison.score >= 0.999 else Text.assemble(
+                    (f" MISMATCH {step.comparison.score:.2f} ", "bold red"), safe(step.comparison.mismatches[:4])))
             console.print(line)
         elif step.role == "critique":
-            console.print(f"   [magenta]critique:[/] {(step.text or '')[:240]}")
-    console.print(f"final answer: {trace.final_answer}")
+            console.print(Text.assemble("   ", ("critique: ", "magenta"), safe((step.text or "")[:240])))
+    console.print(Text.assemble("final answer: ", safe(str(trace.final_answer))))
     for reward in trace.rewards:
-        console.print(f"reward {reward.name}: {reward.value}")
+        console.print(safe(f"reward {reward.name}: {reward.value}"))
     if trace.error:
-        console.print(f"[red]error:[/] {trace.error}")
+        console.print(Text.assemble(("error: ", "red"), safe(str(trace.error))))
 
 
 @traces_app.command("stats")
@@ -166,16 +172,18 @@ def traces_reference(
     from envace_mcp.train.reference import record_reference_traces
 
     total = len(_suite(suite).split(split))
-    policy = load_policy(model, tool_format=tool_format, rehearse_format=rehearse_format)
     scores: list[float] = []
 
     def on_task(task_id: str, score: float) -> None:
         scores.append(score)
         progress.advance(**{"mean score": round(sum(scores) / len(scores), 3)})
 
-    with Progress(f"{suite} {split} references", total=min(limit or total, total), console=console) as progress:
-        written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit, score=logprobs,
-                                                            on_task=on_task, rehearsed=rehearsed, seed=seed))
+    with _holding(out):
+        policy = load_policy(model, tool_format=tool_format, rehearse_format=rehearse_format)
+        with Progress(f"{suite} {split} references", total=min(limit or total, total), console=console) as progress:
+            written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit,
+                                                                score=logprobs, on_task=on_task, rehearsed=rehearsed,
+                                                                seed=seed))
     console.print(f"wrote {written} runs to {out}")
 
 
@@ -213,10 +221,13 @@ def traces_sample(
         if count is not None and count > len(runs):
             _fail(ValueError(f"{path} holds {len(runs)} runs, fewer than the {count} asked for"))
         drawn.append((path, runs if count is None else rng.sample(runs, count), len(runs)))
-    target = TraceStore(out)
-    for _, chosen, _ in drawn:
-        for trace in chosen:
-            target.append(trace)
+    with _holding(out):
+        target = TraceStore(out)
+        if target.files():  # written meanwhile
+            _fail(ValueError(f"{out} already holds traces; a sample goes into a new folder"))
+        for _, chosen, _ in drawn:
+            for trace in chosen:
+                target.append(trace)
     console.print(f"wrote {sum(len(chosen) for _, chosen, _ in drawn)} runs to {out}: "
                   + ", ".join(f"{len(chosen)} of {total} from {path}" for path, chosen, total in drawn))
 
@@ -251,19 +262,21 @@ def traces_probe(
     except EnvaceError as exc:
         _fail(exc)
     from envace_mcp._progress import Progress
+    from envace_mcp._files import write_atomic
     from envace_mcp.policy import SamplingParams, load_policy
     from envace_mcp.train.probes import record_probe_traces
 
     formats = {k: v for k, v in (("tool_format", tool_format), ("rehearse_format", rehearse_format)) if v}
-    policy = load_policy(model, adapter=adapter, **formats)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    with Progress(f"{suite} {split} probes", total=min(limit or total, total), console=console) as progress:
-        summary = anyio.run(lambda: record_probe_traces(
-            policy, suite, out, split=split, limit=limit, per_call=per_call, seed=seed, kinds=kinds,
-            own_rehearsals=own_rehearsals,
-            sampling={"rehearse": greedy}, on_task=lambda task_id, n: progress.advance()))
-    report = summary.to_dict()
-    (out / "probes.json").write_text(json.dumps(report, indent=2) + "\n")
+    with _holding(out):
+        policy = load_policy(model, adapter=adapter, **formats)
+        with Progress(f"{suite} {split} probes", total=min(limit or total, total), console=console) as progress:
+            summary = anyio.run(lambda: record_probe_traces(
+                policy, suite, out, split=split, limit=limit, per_call=per_call, seed=seed, kinds=kinds,
+                own_rehearsals=own_rehearsals,
+                sampling={"rehearse": greedy}, on_task=lambda task_id, n: progress.advance()))
+        report = summary.to_dict()
+        write_atomic(out / "probes.json", json.dumps(report, indent=2) + "\n")
     table = Table(title=f"{report['runs']} probes in {out} ({report['real_errors']} real errors)")
     columns = ["mutation", "probes", "real errors"] + (["status right"] if own_rehearsals else [])
     for col in columns:
