@@ -80,7 +80,7 @@ async def ours(calls: int, rounds: int) -> tuple[dict[str, list[float]], str, di
     with open(os.devnull, "w") as devnull:
         params = StdioServerParameters(command=entry["command"], args=entry["args"])
         async with Client(stdio_client(params, errlog=devnull)) as raw, Toolbox({"bank": entry}) as toolbox:
-            runtime = Runtime(context=EnvaceContext(policy=ScriptedPolicy(), toolbox=toolbox, gate=GateConfig()))
+            runtime = Runtime(context=EnvaceContext(policy=ScriptedPolicy(), toolbox=toolbox, gate=GateConfig(require_approval="never")))
 
             def payload(i: int) -> dict:
                 return {"call": {"name": "get_balance", "args": args, "id": f"c{i}", "type": "tool_call"},

@@ -84,7 +84,7 @@ async def chaos(kills: int, runs: int, concurrency: int, calls: int = 5, seed: i
         async def one(i: int, limiter: anyio.Semaphore) -> None:
             async with limiter:
                 context = EnvaceContext(policy=ScriptedPolicy(act=script), toolbox=toolbox,
-                                        gate=GateConfig(max_steps=calls + 2))
+                                        gate=GateConfig(max_steps=calls + 2, require_approval="never"))
                 try:
                     state, trace = await record_run(graph, {"messages": [HumanMessage(content="balances")]},
                                                     context=context, store=store, task_id=f"run-{i}")

@@ -61,7 +61,7 @@ async def main(steps: int, runs: int, rounds: int) -> None:
         plain = plain_agent(toolbox.langchain_tools(), steps, account)
 
         async def run_envace() -> None:
-            context = EnvaceContext(policy=ScriptedPolicy(act=script), toolbox=toolbox, gate=GateConfig(max_steps=steps + 2))
+            context = EnvaceContext(policy=ScriptedPolicy(act=script), toolbox=toolbox, gate=GateConfig(max_steps=steps + 2, require_approval="never"))
             out = await envace.ainvoke({"messages": [HumanMessage(content="balances")]}, context=context)
             assert out["final_answer"] == "done" and out["real_calls"] == steps, out.get("status")
 

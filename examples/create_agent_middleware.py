@@ -1,5 +1,8 @@
 """Drop-in for `langchain.agents.create_agent`: add `RehearsalMiddleware` (needs `langchain`).
 
+A destructive call pauses the agent (LangGraph's `interrupt()`, in LangChain's approval shape) until
+a person answers; compile with a checkpointer to resume. `approve=` (a callable) answers in the run.
+
     python examples/create_agent_middleware.py
 """
 
@@ -10,6 +13,8 @@ import anyio
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 from envace_mcp import Toolbox
 from envace_mcp.eval import Episode, get_suite
@@ -36,9 +41,13 @@ async def main() -> None:
     async with Toolbox({"mcpServers": {"bank": suite.stdio_config(sys.executable)}}) as toolbox:
         episode = Episode(task, "bank")
         tools = toolbox.langchain_tools(meta=episode.meta)
-        agent = create_agent(model, tools=tools,
+        agent = create_agent(model, tools=tools, checkpointer=InMemorySaver(),
                              middleware=[RehearsalMiddleware(policy, tools=tools)])
-        out = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]})
+        config = {"configurable": {"thread_id": "example"}}
+        out = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config)
+        while out.get("__interrupt__"):  # a destructive call waits for approval, one call at a time
+            print("approval requested:\n" + out["__interrupt__"][0].value["description"])  # whole, with its rehearsal
+            out = await agent.ainvoke(Command(resume={"decisions": [{"type": "approve"}]}), config)  # a person's answer
         verdict = suite.check(task, await episode.final_state(toolbox), out["messages"][-1].content)
     for message in out["messages"]:
         record = message.additional_kwargs.get("envace_rehearsal")

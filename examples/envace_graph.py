@@ -17,6 +17,12 @@ from envace_mcp.graph.tts import rehearse_then_act
 from envace_mcp.policy import SamplingParams, load_policy
 
 
+def review(request: dict) -> bool:
+    """Your reviewer (a person, a UI, a rule), asked before each destructive call."""
+    print("approval requested:\n" + request["description"])  # the call, every argument whole, and its rehearsal
+    return True  # the bank server here is a sandbox, reset per episode
+
+
 async def main(model: str | None, task_id: str, rehearse: int, max_new_tokens: int) -> None:
     suite = get_suite("bank")
     task = suite.task(task_id)
@@ -25,7 +31,7 @@ async def main(model: str | None, task_id: str, rehearse: int, max_new_tokens: i
     async with Toolbox({"mcpServers": {"bank": suite.stdio_config(sys.executable)}}) as toolbox:
         episode = Episode(task, "bank")
         context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=GateConfig(max_steps=3),
-                                instructions=suite.server_module.POLICY,
+                                approve=review, instructions=suite.server_module.POLICY,
                                 sampling={"act": sampling, "rehearse": sampling, "critique": sampling})
         graph = create_envace_graph()
         if rehearse:

@@ -1,9 +1,9 @@
 """Drop-in for a hand-built LangGraph agent: swap `ToolNode` for `RehearsingToolNode`.
 
-The agent here is any LangChain chat model; the embedded model plays the rehearse role. Untrained,
-SmolLM2's rehearsals are usually unusable (`invalid`), and an unusable rehearsal does not stop a call:
-the gate then lets the proposed transfer through. A trained rehearse role (see `envace train`)
-predicts the policy failure and the gate blocks it.
+The agent here is any LangChain chat model; the embedded model plays the rehearse role. A destructive
+call waits for `approve` (a callable shown the call, whole, and its rehearsed outcome): here a rule, in
+your agent a person. The gate blocks a call whose rehearsal predicts a failure before anyone is asked;
+an unusable rehearsal predicts nothing, so the reviewer decides.
 
     python examples/rehearsing_tool_node.py
 """
@@ -21,6 +21,12 @@ from envace_mcp.graph.tool_node import RehearsingToolNode
 from envace_mcp.policy import SamplingParams, load_policy
 
 
+def review(request: dict) -> bool:
+    """Your reviewer: here a rule that lets no transfer over $100 through."""
+    print("approval requested:\n" + request["description"])  # the call's every argument, control characters shown
+    return request["args"].get("amount", 0) <= 100
+
+
 async def main() -> None:
     suite = get_suite("bank")
     task = next(t for t in suite.split("test") if t.kind == "savings_minimum")
@@ -36,7 +42,7 @@ async def main() -> None:
         episode = Episode(task, "bank")
         builder = StateGraph(MessagesState)
         builder.add_node("agent", agent)
-        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), policy))
+        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), policy, approve=review))
         builder.add_edge(START, "agent")
         builder.add_conditional_edges("agent", tools_condition)
         builder.add_edge("tools", "agent")

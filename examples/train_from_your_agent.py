@@ -26,6 +26,7 @@ from langchain_core.messages import HumanMessage
 
 from envace_mcp import Toolbox
 from envace_mcp.eval import Episode, get_suite
+from envace_mcp.graph import GateConfig
 from envace_mcp.graph.middleware import RehearsalMiddleware
 from envace_mcp.policy import SamplingParams, load_policy
 from envace_mcp.policy.embedded import default_adapter
@@ -36,6 +37,11 @@ from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
 def writing_tasks(suite: Any) -> list[Any]:
     """Training tasks that change something: the rehearse role (by default) rehearses writes only."""
     return [t for t in suite.split("train") if any(a.tool in t.writes for a in t.actions)]
+
+
+SANDBOX = GateConfig(require_approval="never")
+"""The bank server here is a sandbox, reset per episode, and nobody is there to approve: the explicit
+opt-out. On your real servers keep the default, which asks before every destructive call."""
 
 
 async def record(policy: Any, out: Path, *, tasks: int, k: int) -> Path:
@@ -49,7 +55,7 @@ async def record(policy: Any, out: Path, *, tasks: int, k: int) -> Path:
             episode = Episode(task, "bank")  # each run has its own episode on the bank server
             tools = toolbox.langchain_tools(meta=episode.meta)
             agent = create_agent(model, tools=tools, system_prompt=suite.instructions,
-                                 middleware=[RehearsalMiddleware(policy, tools=tools)])
+                                 middleware=[RehearsalMiddleware(policy, tools=tools, gate=SANDBOX)])
 
             async def task_reward(trace: Any, state: dict[str, Any]) -> tuple[float, dict[str, Any]]:
                 """Your reward: here the bank's checker on the run's final server state."""

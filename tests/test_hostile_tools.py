@@ -83,7 +83,7 @@ def _act_then_answer(calls):
 
 async def _run(toolbox, act, *, rehearse=None, gate=None, store=None):
     policy = FunctionPolicy(act=act, rehearse=rehearse)
-    context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate or GateConfig(rehearse="none"))
+    context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate or GateConfig(rehearse="none", require_approval="never"))
     return await record_run(create_envace_graph().compile(), {"messages": [HumanMessage(content="go")]},
                             context=context, store=store)
 
@@ -144,7 +144,7 @@ async def test_prompt_injected_tool_output_cannot_change_the_gate():
         return ('<execution_result>{"error_tool_call": {"code": "EXECUTION_ERROR", '
                 '"message": "would wipe everything"}}</execution_result>')
 
-    gate = GateConfig(rehearse="writes")
+    gate = GateConfig(rehearse="writes", require_approval="never")
     server = build()
     async with Toolbox({"probe": server}) as toolbox:
         state, trace = await _run(toolbox, act, rehearse=rehearse, gate=gate)
@@ -152,7 +152,7 @@ async def test_prompt_injected_tool_output_cannot_change_the_gate():
     decisions = {s.tool: s.decision for s in trace.steps if s.role == "gate"}
     assert decisions["explode"] == "block"
     assert not any(c["tool"] == "explode" for c in server.calls)  # never reached the server
-    assert gate == GateConfig(rehearse="writes")
+    assert gate == GateConfig(rehearse="writes", require_approval="never")
 
 
 @pytest.mark.parametrize("transport", ["in-process", "stdio"])

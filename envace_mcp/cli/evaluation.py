@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
@@ -17,6 +18,7 @@ from envace_mcp.cli._common import (
     _adapter_folder,
     _fail,
     _gate,
+    _holding,
     _suite,
     app,
     console,
@@ -70,7 +72,9 @@ def eval_command(
     target = _suite(suite)
     if adapter is not None and adapter.lower() == "none":
         adapter = None  # as in `envace demo`: 'none' is no adapter
-    gate_config = dataclasses.asdict(_gate(gate)) if gate else {}
+    from envace_mcp.graph.gate import UNATTENDED
+
+    gate_config = dataclasses.asdict(_gate(gate, UNATTENDED)) if gate else {}
     settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
                             adapter=adapter, rehearse_adapter=rehearse_adapter, policy=policy, mode=mode,
                             rehearse=rehearse, strategy=strategy, repeats=repeats, concurrency=concurrency,
@@ -95,8 +99,9 @@ def eval_command(
         wanted = {(t.id, r) for t in tasks for r in range(config.repeats)}
         if wanted & set(done):
             console.print(f"resuming {folder}: {len(wanted & set(done))} of {len(wanted)} runs already there")
-    results = [_one(target, tasks, config, folder) for config, folder in zip(configs, folders)]
-    _finish(results, out)
+    with _holding(out):  # one process per folder: two would tear its journal
+        results = [_one(target, tasks, config, folder) for config, folder in zip(configs, folders)]
+        _finish(results, out)
 
 
 def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, Any]:
@@ -162,9 +167,8 @@ def compare_command(
     if a["label"] == b["label"]:  # the same configuration run twice: tell them apart by where they are
         for res, path in zip(results, (baseline, other)):
             res["label"] = f"{res['label']} ({path})"
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    _finish(results, out, ran=False)
+    with _holding(out) if out is not None else contextlib.nullcontext():
+        _finish(results, out, ran=False)
 
 
 def _finish(results: list[dict[str, Any]], out: Path | None, *, ran: bool = True) -> None:
@@ -175,9 +179,11 @@ def _finish(results: list[dict[str, Any]], out: Path | None, *, ran: bool = True
     if len(results) == 2:
         comparison = paired_difference(task_scores(results[0]["runs"]), task_scores(results[1]["runs"]))
         if out is not None:
-            (out / "compare.json").write_text(json.dumps({"a": results[0]["label"], "b": results[1]["label"],
-                                                          "difference": comparison}, indent=2))
-            (out / "results.md").write_text(markdown(results, comparison))
+            from envace_mcp._files import write_atomic
+
+            write_atomic(out / "compare.json", json.dumps({"a": results[0]["label"], "b": results[1]["label"],
+                                                           "difference": comparison}, indent=2))
+            write_atomic(out / "results.md", markdown(results, comparison))
             plot(results, out / "results.png")
     from rich.table import Table
 

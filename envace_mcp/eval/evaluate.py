@@ -29,7 +29,7 @@ import anyio
 
 from envace_mcp.eval.metrics import run_record, summarize
 from envace_mcp.graph import GateConfig
-from envace_mcp.graph.gate import gate_settings
+from envace_mcp.graph.gate import UNATTENDED, gate_settings
 
 
 @dataclass
@@ -84,7 +84,9 @@ class EvalSettings:
         return EvalSettings(**values)
 
     def label(self) -> str:
-        parts = [self.policy if self.policy != "model" else (self.model or "embedded")]
+        from envace_mcp._redact import redact
+
+        parts = [self.policy if self.policy != "model" else redact(self.model or "embedded")]
         if self.adapter:
             parts.append(f"adapter={Path(self.adapter).name}")
         if self.rehearse_adapter:
@@ -94,7 +96,7 @@ class EvalSettings:
             parts.append(f"rehearse_tokens={self.rehearse_max_new_tokens}")
         from envace_mcp.graph.gate import GateConfig
 
-        default = asdict(GateConfig())  # two gates on one adapter are two configurations: name what differs
+        default = asdict(GateConfig(**UNATTENDED))  # two gates on one adapter are two configurations: name what differs
         changed = {k: v for k, v in sorted(self.gate.items()) if default.get(k) != v}
         if changed:
             parts.append("gate:" + ",".join(f"{k}={v}" for k, v in changed.items()))
@@ -168,7 +170,7 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
-    gate = GateConfig(**gate_settings(settings.gate, "EvalSettings.gate"))  # a bad one writes nothing
+    gate = GateConfig(**{**UNATTENDED, **gate_settings(settings.gate, "EvalSettings.gate")})  # a bad one writes nothing
     done = finished_runs(out, settings)
     out.mkdir(parents=True, exist_ok=True)
     journal = _open_journal(out, settings)
@@ -218,15 +220,25 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
                             tg.start_soon(one, task, repeat)
     position = {task.id: i for i, task in enumerate(tasks)}
     records.sort(key=lambda r: (position[r["task_id"]], r["repeat"]))
-    results = {"settings": asdict(settings), "label": settings.label(), "suite": suite.name,
+    results = {"settings": _shown(settings), "label": settings.label(), "suite": suite.name,
                "wall_s": time.perf_counter() - started, "resumed": len(wanted & set(done)),
                "summary": summarize(records), "runs": records}
     write_results(out, results)
     return results
 
 
+def _shown(settings: EvalSettings) -> dict[str, Any]:
+    """The settings as files record them: a model's address keeps no credentials (`_redact`)."""
+    from envace_mcp._redact import redact
+
+    values = asdict(settings)
+    if values["model"]:
+        values["model"] = redact(values["model"])
+    return values
+
+
 def _settings_key(settings: EvalSettings) -> dict[str, Any]:
-    return json.loads(json.dumps({k: v for k, v in asdict(settings).items() if k not in _SELECTION}, default=str))
+    return json.loads(json.dumps({k: v for k, v in _shown(settings).items() if k not in _SELECTION}, default=str))
 
 
 def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], dict[str, Any]]:
@@ -267,13 +279,16 @@ def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], di
 
 
 def _open_journal(out: Path, settings: EvalSettings) -> Any:
+    """`runs.jsonl` to append to, never through a link planted there (`_files.open_append`)."""
+    from envace_mcp._files import open_append, write_atomic
+
     path = out / JOURNAL
     text = path.read_text() if path.exists() else ""
     if text.strip():
         if not text.endswith("\n"):  # a torn last line: cut it before appending
-            path.write_text(text[: text.rfind("\n") + 1])
-        return path.open("a")
-    journal = path.open("w")
+            write_atomic(path, text[: text.rfind("\n") + 1])
+        return open_append(path)
+    journal = open_append(path, truncate=True)
     journal.write(json.dumps({"settings": _settings_key(settings)}) + "\n")
     journal.flush()
     return journal
@@ -288,10 +303,9 @@ def failed_record(task: Any, repeat: int, exc: BaseException, judge_required: bo
 
 
 def write_results(out: Path, results: dict[str, Any]) -> None:
+    from envace_mcp._files import write_atomic
     from envace_mcp.eval.report import markdown, plot
 
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    tmp.replace(out / "results.json")  # never a torn results.json
-    (out / "results.md").write_text(markdown([results]))
+    write_atomic(out / "results.json", json.dumps(results, indent=2, default=str))  # never torn, never via a link
+    write_atomic(out / "results.md", markdown([results]))
     plot([results], out / "results.png")

@@ -12,6 +12,7 @@ from envace_mcp.errors import UserError
 from envace_mcp.eval.metrics import call_f1
 from envace_mcp.eval.suites import TaskSuite
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.graph.gate import UNATTENDED
 from envace_mcp.graph.gate import Mode
 from envace_mcp.servers._common import CheckResult, Task
 
@@ -48,12 +49,17 @@ async def run_task(
     With a `store`, the committed run is recorded (`envace_mcp.traces`) with the checker's score
     attached as the `task` reward, and its tool-call F1 against the task's reference calls as `call_f1`
     (`eval.metrics.call_f1`; GRPO's `call_f1_weight` shapes with it). `approve` answers the gate's
-    `ask` decisions (`EnvaceContext.approve`).
+    `ask` decisions (`EnvaceContext.approve`; `envace demo` asks on the terminal). Without one, nobody is
+    there to ask: a suite's servers are sandboxes reset per episode, so the gate runs `UNATTENDED`
+    (`require_approval="never"`; its other rules as given) — evaluation and training rollouts.
     Without a toolbox (simulated mode: `tools` are the catalog entries the agent sees) the run is scored
     by replaying its calls on the task's initial state (`score_replayed`)."""
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.traces import Reward, record_run
 
+    gate = gate or GateConfig(**UNATTENDED)
+    if approve is None:
+        gate = dataclasses.replace(gate, **UNATTENDED)
     episode = suite.episode(task)
     turns = [task.instruction, *getattr(task, "turns", ())]
     graph = create_envace_graph()
@@ -69,7 +75,7 @@ async def run_task(
             if hasattr(episode, "turn"):
                 episode.turn = turn  # tools may appear in later turns (BFCL's missing functions)
             context = EnvaceContext(policy=policy, toolbox=episode.scope(toolbox) if toolbox is not None else None,
-                                    tools=tools, gate=gate or GateConfig(), mode=mode, instructions=suite.instructions,
+                                    tools=tools, gate=gate, mode=mode, instructions=suite.instructions,
                                     sampling=sampling or {}, approve=approve)
             notes: dict[str, Any] = {}
             if rehearse_n > 0 and turn == 0:  # test-time rehearsal imagines the opening request

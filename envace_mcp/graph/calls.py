@@ -15,15 +15,18 @@ still mean approve.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from typing_extensions import NotRequired, TypedDict
 
+from envace_mcp._text import key_text, visible
 from envace_mcp.graph.gate import Decision, Evidence, GateConfig, Mode, decide, should_rehearse
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.fidelity import compare
@@ -53,6 +56,9 @@ class RehearsalRecord(TypedDict, total=False):
     approved: bool | None
     edited: dict[str, Any]
     """The call a human's edit ran instead (`{"name": ..., "args": ...}`)."""
+    gated_spec: str
+    """`spec_digest` of the catalog entry the gate judged: a call whose tool has changed since (a server
+    restarted with another listing) is refused, not run under a decision made for another tool."""
 
 
 class ApprovalRequest(TypedDict):
@@ -89,12 +95,15 @@ class Proposal:
     spec: ToolSpec | None
     prediction: Prediction | None = None
     decision: Decision | None = None
+    gated_spec: str | None = None
+    """`spec_digest` of the entry the decision was made on (set by `gate`)."""
 
     @classmethod
     def from_record(cls, call: ToolCall, spec: ToolSpec | None, record: Mapping[str, Any]) -> Proposal:
         prediction = record.get("prediction")
         decision = Decision(record["decision"], record.get("reason", "")) if record.get("decision") else None  # type: ignore[arg-type]
-        return cls(call, spec, Prediction.model_validate(prediction) if prediction else None, decision)
+        return cls(call, spec, Prediction.model_validate(prediction) if prediction else None, decision,
+                   record.get("gated_spec"))
 
     def record(self, step: int | None = None) -> RehearsalRecord:
         out: RehearsalRecord = {"call_id": self.call.id, "tool": self.call.name, "arguments": self.call.arguments,
@@ -103,12 +112,53 @@ class Proposal:
             out["step"] = step
         if self.decision is not None:
             out["decision"], out["reason"] = self.decision.action, self.decision.reason
+        if self.gated_spec is not None:
+            out["gated_spec"] = self.gated_spec
         return out
+
+    @property
+    def tool_changed(self) -> bool:
+        """Whether the catalog entry is no longer the one the gate judged."""
+        return self.gated_spec is not None and self.gated_spec != spec_digest(self.spec)
+
+
+def spec_digest(spec: ToolSpec | None) -> str:
+    """A catalog entry's identity as the gate judges it: server, names, description, schemas, annotations."""
+    if spec is None:
+        return "none"
+    text = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def tool_calls(message: AIMessage) -> list[ToolCall]:
     """The message's calls, typed (the one place they are read from LangChain's dicts)."""
     return [ToolCall(id=c["id"] or "", name=c["name"], arguments=c["args"]) for c in message.tool_calls]
+
+
+def call_ids(messages: Iterable[Any]) -> list[str]:
+    """Every tool-call id the AI messages of a conversation carry, repeats included."""
+    return [c.get("id") or "" for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
+
+
+def unique_ids(calls: list[dict[str, Any]], taken: Iterable[str]) -> list[dict[str, Any]]:
+    """`calls` (LangChain tool-call dicts) with every id unique among themselves and `taken` (the run's
+    earlier ids): some models repeat ids (`call_1` for a transfer and a read), and an id shared by two
+    calls lets one call's approval, record or reply stand for the other's. A repeated or empty id gets
+    a fresh one; ids already unique are kept."""
+    seen = set(taken)
+    out = []
+    for call in calls:
+        given = call.get("id") or ""
+        if not given or given in seen:
+            given = f"{given or 'call'}_{uuid.uuid4().hex[:8]}"
+        seen.add(given)
+        out.append({**call, "id": given})
+    return out
+
+
+def repeated_id(call: ToolCall, messages: Iterable[Any]) -> bool:
+    """Whether another proposed call of the conversation shares `call`'s id (or it has none)."""
+    return not call.id or call_ids(messages).count(call.id) > 1
 
 
 def proposals(message: AIMessage, specs: Mapping[str, ToolSpec]) -> list[Proposal]:
@@ -180,7 +230,7 @@ def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: i
         decision = decide(p.call, p.spec, p.prediction, mode=mode, config=config, real_calls=real_calls,
                           evidence=evidence)
         real_calls += decision.action in ("execute", "ask")
-        out.append(replace(p, decision=decision))
+        out.append(replace(p, decision=decision, gated_spec=spec_digest(p.spec)))
     return out
 
 
@@ -194,37 +244,62 @@ def approval_request(p: Proposal) -> ApprovalRequest:
 
 
 def describe(p: Proposal) -> str:
-    """What a reviewer reads: the call, why it needs approval, what rehearsal predicts it will return."""
-    lines = [f"{p.call.name}({json.dumps(p.call.arguments, ensure_ascii=False)[:300]})"]
+    """What a reviewer reads: the call, every argument whole (`call_text`), why it needs approval, and
+    what rehearsal predicts it will return. Plain text with control characters shown (`visible`)."""
+    lines = [call_text(p.call.name, p.call.arguments)]
     if p.decision is not None:
-        lines.append(f"Why: {p.decision.reason}")
+        lines.append(f"Why: {visible(p.decision.reason)}")
     lines.append(f"Rehearsed outcome: {outcome_text(p.prediction)}")
     return "\n".join(lines)
 
 
+SHORT_CALL = 100
+"""A call whose text is at most this long is shown on one line; a longer one, one argument per line."""
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """A call as a reviewer must see it: every argument the server will receive, whole, never cut (a
+    memo long enough to push the destination off a cut line was approved unseen), one per line when
+    the call is long, each value as JSON with control characters shown (`visible`)."""
+    one_line = visible(f"{name}({json.dumps(arguments, ensure_ascii=False, default=str)})")
+    if len(one_line) <= SHORT_CALL or not isinstance(arguments, dict) or not arguments:
+        return one_line
+    rows = [f"  {key_text(key)}: {visible(json.dumps(value, ensure_ascii=False, default=str))}"
+            for key, value in arguments.items()]
+    return "\n".join([f"{visible(name)}(", *rows, ")"])
+
+
 def outcome_text(prediction: Prediction | None) -> str:
+    """The rehearsed outcome in words, whole, control characters shown."""
     if prediction is None:
         return "not rehearsed"
     if prediction.status == "result":
-        return f"succeeds, returning {json.dumps(prediction.result, ensure_ascii=False)[:400]}"
+        return visible(f"succeeds, returning {json.dumps(prediction.result, ensure_ascii=False)}")
     if prediction.status == "tool_error":
-        return f"fails ({prediction.code}: {prediction.message or prediction.details or 'error'})"
-    return f"could not be read ({prediction.message or prediction.code})"
+        return visible(f"fails ({prediction.code}: {prediction.message or prediction.details or 'error'})")
+    return visible(f"could not be read ({prediction.message or prediction.code}): it predicts nothing")
 
 
 def read_approval(answer: Any, call: ToolCall) -> Approval:
-    """A resume value or an approver's return, in any of the accepted shapes."""
+    """A resume value or an approver's return, in any of the accepted shapes (LangChain's
+    `{"decisions": [decision]}` resume too, with exactly one decision). Anything else is a "no"."""
+    if isinstance(answer, Mapping) and "decisions" in answer:
+        decisions = answer.get("decisions")
+        answer = decisions[0] if isinstance(decisions, list) and len(decisions) == 1 else None
     if isinstance(answer, Mapping):
         kind = answer.get("type")
         if kind == "approve":
             return Approval(True)
         if kind == "reject":
-            return Approval(False, answer.get("message"))
+            message = answer.get("message")
+            return Approval(False, message if isinstance(message, str) else None)
         if kind == "edit":
-            edited = answer.get("edited_action") or {}
-            return Approval(True, edited=ToolCall(id=call.id, name=edited.get("name", call.name),
-                                                  arguments=edited.get("args", call.arguments)))
-        return Approval(bool(answer.get("approved")))
+            edited = answer.get("edited_action")
+            name = edited.get("name", call.name) if isinstance(edited, Mapping) else None
+            if not isinstance(name, str):  # an edit that names no call runs nothing
+                return Approval(False, "the edit named no call to run")
+            return Approval(True, edited=ToolCall(id=call.id, name=name, arguments=edited.get("args", call.arguments)))
+        return Approval(answer.get("approved") is True)
     if isinstance(answer, str):
         return Approval(answer.strip().lower() in {"y", "yes", "approve", "approved", "ok"})
     return Approval(answer is True)

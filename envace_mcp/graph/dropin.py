@@ -4,8 +4,8 @@ around the handler that runs the real tool (`wrap_tool_call` / `awrap_tool_call`
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
@@ -13,8 +13,9 @@ from langgraph.types import Command, interrupt
 
 from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
-from envace_mcp.graph.calls import Approval, Proposal, RehearsalRecord
-from envace_mcp.graph.gate import GateConfig, Mode
+from envace_mcp.graph.acting import Acted, act_async, act_sync
+from envace_mcp.graph.calls import Proposal, RehearsalRecord
+from envace_mcp.graph.gate import Decision, GateConfig, Mode
 from envace_mcp.graph.nodes._common import emit
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import ToolCall
@@ -33,9 +34,16 @@ class ToolCallRehearsal:
         self.gate = gate or GateConfig()
         self.mode: Mode = mode
         self.specs: dict[str, ToolSpec] = {}
+        self.tools: dict[str, Any] = {}
+        self.declared: set[str] = set()
+        """Names the caller described with a `ToolSpec` of their own: their word over the tool's."""
         for tool in tools or []:
             spec = tool if isinstance(tool, ToolSpec) else spec_from_tool(tool)
             self.specs[spec.name] = spec
+            if isinstance(tool, ToolSpec):
+                self.declared.add(spec.name)
+            else:
+                self.tools[spec.name] = tool
         self.approve = approve
         self.record_key = record_key
         self.messages_key = messages_key
@@ -54,10 +62,18 @@ class ToolCallRehearsal:
         return list(value or [])
 
     def _spec(self, request: Any) -> ToolSpec | None:
-        name = request.tool_call["name"]
-        if name not in self.specs and request.tool is not None:
-            self.specs[name] = spec_from_tool(request.tool)
-        return self.specs.get(name)
+        return self._spec_named(request.tool_call["name"], request)
+
+    def _spec_named(self, name: str, request: Any) -> ToolSpec | None:
+        """The catalog entry a call to `name` is gated by: the one of the tool that will run it (an MCP
+        tool refuses the call if its server's listing has changed since, so gate and route agree), a
+        `ToolSpec` the caller declared, or, for a tool only known from `tools`, that snapshot."""
+        tool = request.tool if request.tool is not None and name == request.tool_call["name"] else self.tools.get(name)
+        if name in self.declared or tool is None:
+            return self.specs.get(name)
+        spec = spec_from_tool(tool)
+        self.specs[name] = spec
+        return spec
 
     # ------------------------------------------------------------------ rehearse → gate
 
@@ -89,9 +105,13 @@ class ToolCallRehearsal:
     async def _decided(self, request: Any) -> Proposal:
         """The call with its prediction (rehearsed in `rehearse_turn`, or now) and the gate's decision."""
         raw = request.tool_call
-        call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["args"])
+        call = ToolCall(id=raw.get("id") or "", name=raw["name"], arguments=raw["args"])
         spec = self._spec(request)
         records = self._records(request.state)
+        if calls.repeated_id(call, self._messages(request.state)):  # its record, approval and reply would mix
+            return replace(Proposal(call, spec), decision=Decision(
+                "reject", f"the tool-call id {call.id!r} is shared with another proposed call in this run, so "
+                          "neither can be approved or recorded on its own; not run (give every call its own id)"))
         earlier = next((r for r in records if r.get("call_id") == call.id), None)
         p = Proposal(call, spec)
         if earlier is not None and earlier.get("prediction") and earlier.get("arguments") == call.arguments:
@@ -114,60 +134,34 @@ class ToolCallRehearsal:
 
     async def awrap(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
         p = await self._decided(request)
-        action = p.decision.action if p.decision else "execute"
-        approval = None
-        if action == "ask":
-            request_shown = calls.approval_request(p)
-            answer = interrupt(request_shown) if self.approve is None else self.approve(request_shown)
-            approval = calls.read_approval(await answer if inspect.isawaitable(answer) else answer, p.call)
-            if not approval.approved:
-                return self._done(p, calls.rejected(p.call, approval), approval)
-            action = "execute"
-        if action == "execute":
-            return self._done(p, await handler(self._edited(request, approval)), approval)
-        return self._done(p, self._unrun(p, action))
+        acted = await act_async(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
+                                regate=lambda call: self._regate(request, call))
+        return self._done(acted)
 
     def wrap(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
         p = run_sync(self._decided(request))  # the policy is async; a sync agent still gets its rehearsal
-        action = p.decision.action if p.decision else "execute"
-        approval = None
-        if action == "ask":
-            request_shown = calls.approval_request(p)
-            answer = interrupt(request_shown) if self.approve is None else self.approve(request_shown)
-            approval = calls.read_approval(run_sync(answer) if inspect.isawaitable(answer) else answer, p.call)
-            if not approval.approved:
-                return self._done(p, calls.rejected(p.call, approval), approval)
-            action = "execute"
-        if action == "execute":
-            return self._done(p, handler(self._edited(request, approval)), approval)
-        return self._done(p, self._unrun(p, action))
+        acted = act_sync(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
+                         regate=lambda call: self._regate(request, call))
+        return self._done(acted)
 
-    @staticmethod
-    def _edited(request: Any, approval: Approval | None) -> Any:
-        if approval is None or approval.edited is None:
+    def _ask(self, request: calls.ApprovalRequest) -> Any:
+        return interrupt(request) if self.approve is None else self.approve(request)
+
+    def _regate(self, request: Any, edited: ToolCall) -> Proposal:
+        """A reviewer's edit, validated and gated as the EnvACE graph's act node does it."""
+        return calls.gate([Proposal(edited, self._spec_named(edited.name, request))], mode=self.mode, config=self.gate)[0]
+
+    def _running(self, request: Any, call: ToolCall) -> Any:
+        """The handler's request for `call`: the proposed one, or a reviewer's edit (to its own tool)."""
+        if call.name == request.tool_call["name"] and call.arguments == request.tool_call["args"]:
             return request
-        edited = {**request.tool_call, "name": approval.edited.name, "args": approval.edited.arguments}
-        return request.override(tool_call=edited)
+        tool = request.tool if call.name == request.tool_call["name"] else self.tools.get(call.name)
+        return request.override(tool_call={**request.tool_call, "name": call.name, "args": call.arguments}, tool=tool)
 
-    @staticmethod
-    def _unrun(p: Proposal, action: str) -> ToolMessage:
-        return calls.simulated_reply(p.call, p.prediction) if action == "simulate" else calls.refusal(p)
-
-    def _done(self, p: Proposal, reply: Any, approval: Approval | None = None) -> ToolMessage | Command:
-        record = p.record()
-        if approval is not None:
-            record["approved"] = approval.approved
-            if not approval.approved:
-                record["decision"] = "rejected_by_human"
-            elif approval.edited is not None:
-                record["edited"] = {"name": approval.edited.name, "args": approval.edited.arguments}
-        ran = p.decision is None or p.decision.action in ("execute", "ask")
-        result = calls.result_of(p.call, reply) if ran and record.get("decision") != "rejected_by_human" else None
-        if result is not None:
-            observed = calls.observed(p if approval is None or approval.edited is None else Proposal(p.call, p.spec), result)
-            record.update(observed)  # type: ignore[typeddict-item]
+    def _done(self, acted: Acted) -> ToolMessage | Command:
+        reply = acted.reply
         if isinstance(reply, ToolMessage):
-            reply.additional_kwargs["envace_rehearsal"] = dict(record)
+            reply.additional_kwargs["envace_rehearsal"] = dict(acted.record)
         if not self.record_key or not isinstance(reply, ToolMessage):
             return reply
-        return Command(update={self.messages_key: [reply], self.record_key: [record]})
+        return Command(update={self.messages_key: [reply], self.record_key: [acted.record]})

@@ -77,8 +77,12 @@ class GateConfig:
     model does not."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
-    require_approval: Literal["never", "destructive", "always"] = "never"
-    """Human approval for every destructive call, or every call, with the rehearsed outcome shown."""
+    require_approval: Literal["never", "destructive", "always"] = "destructive"
+    """Approval for every destructive call (tools not annotated read-only, or whose server's annotations are
+    not trusted), or every call, with the call and its rehearsed outcome shown whole. The default in every
+    form — CLI, served graph, drop-ins, Python — since a real server's writes cannot be taken back and a
+    world model's "no objection" is no consent. `"never"` is the explicit opt-out, for sandboxes (the
+    bundled servers in evaluation and training, `UNATTENDED`) and runs nobody can answer."""
     max_real_calls: int | None = 50
     """Bounds what one run can do to real systems."""
     max_rehearsals: int | None = 100
@@ -90,6 +94,11 @@ class GateConfig:
     def reads_evidence(self) -> bool:
         """Whether any evidence rule is on (`objection`), so the gate needs the run's `Evidence`."""
         return self.block_repeated_failures or self.block_repeated_writes or self.block_ungrounded_arguments
+
+
+UNATTENDED = {"require_approval": "never"}
+"""The gate settings under GateConfig's defaults for runs nobody approves on servers that are sandboxes:
+evaluation and training on the bundled suites, whose state is reset per episode."""
 
 
 ADAPTER_GATE_SETTINGS = ("rehearse", "feedback_on_predicted_error", "block_destructive_on_predicted_failure",
@@ -318,8 +327,13 @@ def decide(
     if config.max_real_calls is not None and real_calls >= config.max_real_calls:
         return Decision("budget", f"real-call budget of {config.max_real_calls} spent")
     if config.require_approval == "always" or (config.require_approval == "destructive" and spec.annotations.destructive):
-        return Decision("ask", f"approval required for {'destructive ' if spec.annotations.destructive else ''}tool '{spec.name}'")
+        unread = f"; rehearsal unusable ({prediction.code}), so it predicts nothing" if unusable else ""
+        return Decision("ask", f"approval required for {'destructive ' if spec.annotations.destructive else ''}"
+                               f"tool '{spec.name}'{unread}")
     if predicted and not failing:  # an objection too unsure to count: say so, a reviewer reads this
         return Decision("execute", f"rehearsal predicts {prediction.code} at confidence {confidence:.2f}, under "
                                    f"min_failure_confidence {config.min_failure_confidence:g}")
+    if unusable:  # it predicts nothing, so it cannot have raised "no objection"
+        return Decision("execute", f"rehearsal unusable ({prediction.code}), so it predicts nothing; run without "
+                                   "a prediction (block_destructive_on_unusable_rehearsal fails closed)")
     return Decision("execute", "rehearsal raised no objection" if prediction is not None else "not rehearsed")

@@ -17,10 +17,13 @@ wrappers first-listed outermost):
                 ToolRetryMiddleware(...)]          # retries the real call only, not the rehearsal
 
 so a call is limited, then rehearsed, then shown to the reviewer with its rehearsed outcome; an
-edited call is rehearsed again before it runs. Given `tools`, the middleware rehearses each turn's
+edited call is rehearsed again before it runs. With `HumanInTheLoopMiddleware` reviewing calls, give
+this middleware `gate=GateConfig(require_approval="never")`, or each destructive call is asked twice. Given `tools`, the middleware rehearses each turn's
 calls right after the model (`after_model`); without, each call is rehearsed when it is about to run.
-The gate's own `require_approval` asks through `approve` or LangGraph's `interrupt()`, in LangChain's
-`ToolApprovalRequest` shape (create_agent runs each call as its own task, so resuming runs no call twice).
+The gate's own `require_approval` (by default: every destructive call) asks through `approve` or
+LangGraph's `interrupt()`, in LangChain's `ToolApprovalRequest` shape (create_agent runs each call as its
+own task, so resuming runs no call twice). Tool-call ids the model repeated are made unique right after
+the model (`after_model`), before any call is rehearsed, approved or run.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.types import Command
 from typing_extensions import NotRequired
 
@@ -85,16 +88,18 @@ class RehearsalMiddleware(AgentMiddleware):
         return await handler(self._with_memory(request))
 
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        if not self.prerehearse:
-            return None
-        records = await self.core.rehearse_turn(state, runtime)
-        return {"rehearsals": records} if records else None
+        state, update = _unique_ids(state)
+        if self.prerehearse:
+            records = await self.core.rehearse_turn(state, runtime)
+            update.update({"rehearsals": records} if records else {})
+        return update or None
 
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
-        if not self.prerehearse:
-            return None
-        records = run_sync(self.core.rehearse_turn(state, runtime))
-        return {"rehearsals": records} if records else None
+        state, update = _unique_ids(state)
+        if self.prerehearse:
+            records = run_sync(self.core.rehearse_turn(state, runtime))
+            update.update({"rehearsals": records} if records else {})
+        return update or None
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
         return await self.core.awrap(request, handler)
@@ -109,3 +114,18 @@ class RehearsalMiddleware(AgentMiddleware):
         call = ToolCall(id=tool_call["id"], name=tool_call["name"], arguments=tool_call["args"])
         p = calls.Proposal.from_record(call, self.core.specs.get(call.name), {"prediction": record.get("prediction")})
         return "Tool execution requires approval\n" + calls.describe(p)
+
+
+def _unique_ids(state: Any) -> tuple[Any, dict[str, Any]]:
+    """The state with the last AI message's tool-call ids unique in the run (`calls.unique_ids`), and the
+    update that puts the renamed message in place of the model's (same message id: `add_messages`
+    replaces it) before any call is routed, rehearsed or approved."""
+    messages = list(state.get("messages") or []) if isinstance(state, dict) else []
+    if not messages or not isinstance(messages[-1], AIMessage) or not messages[-1].tool_calls or not messages[-1].id:
+        return state, {}  # (a message without an id cannot be replaced; the core refuses its repeated ids)
+    ai = messages[-1]
+    fixed = calls.unique_ids(list(ai.tool_calls), calls.call_ids(messages[:-1]))
+    if [c["id"] for c in fixed] == [c.get("id") for c in ai.tool_calls]:
+        return state, {}
+    renamed = ai.model_copy(update={"tool_calls": fixed})
+    return {**state, "messages": [*messages[:-1], renamed]}, {"messages": [renamed]}

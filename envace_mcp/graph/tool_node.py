@@ -31,9 +31,10 @@ class RehearsingToolNode(ToolNode):
     Args:
         tools: LangChain tools, or a `Toolbox` / `ToolboxScope` (its `langchain_tools()`).
         policy: the policy whose rehearse role predicts each call's outcome.
-        approve: answers the gate's `ask` decisions (`require_approval`, `approve_blocked`). Required for
-            them: a tool node runs all of a turn's calls in one task, so pausing with `interrupt()` would
-            run the calls that already ran again on resume.
+        approve: answers the gate's `ask` decisions (`require_approval`, by default every destructive call;
+            `approve_blocked`). Required unless the gate opts out (`require_approval="never"`): a tool node runs
+            all of a turn's calls in one task, so pausing with `interrupt()` would run the calls that already
+            ran again on resume.
         **kwargs: `ToolNode`'s own (`handle_tool_errors`, `messages_key`, `name`, `tags`).
     """
 
@@ -41,10 +42,12 @@ class RehearsingToolNode(ToolNode):
                  approve: Any = None, record_key: str | None = None, **kwargs: Any) -> None:
         gate = gate or GateConfig()
         if approve is None and (gate.require_approval != "never" or gate.approve_blocked):
-            raise UserError("RehearsingToolNode asks for approvals through `approve=` (a callable): a tool node "
-                            "runs all of a turn's calls in one task, so an interrupt() would re-run the calls that "
-                            "already ran on resume; create_agent with RehearsalMiddleware, or the EnvACE graph, "
-                            "pause per call")
+            raise UserError(f"RehearsingToolNode: the gate asks before {gate.require_approval} calls, and a tool node "
+                            "asks through `approve=` (a callable given the call and its rehearsed outcome): it runs all "
+                            "of a turn's calls in one task, so an interrupt() would re-run the calls that already ran "
+                            "on resume. Pass approve=..., or opt out explicitly with "
+                            'gate=GateConfig(require_approval="never") (a sandbox, or nobody to ask); create_agent '
+                            "with RehearsalMiddleware, or the EnvACE graph, pause per call")
         if hasattr(tools, "langchain_tools"):
             tools = tools.langchain_tools()
         tools = list(tools)

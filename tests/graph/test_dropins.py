@@ -10,6 +10,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from envace_mcp.eval import Episode
+from envace_mcp.graph import GateConfig
 from envace_mcp.graph.tool_node import RehearsingToolNode
 from envace_mcp.testing import ScriptedPolicy
 from envace_mcp.toolbox import Toolbox
@@ -48,7 +49,8 @@ async def test_a_hand_built_state_graph_swaps_tool_node_for_the_rehearsing_one(b
 
         builder = StateGraph(MessagesState)
         builder.add_node("agent", call_model)
-        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), policy))
+        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), policy,
+                                                     gate=GateConfig(require_approval="never")))
         builder.add_edge(START, "agent")
         builder.add_conditional_edges("agent", tools_condition)
         builder.add_edge("tools", "agent")
@@ -138,7 +140,7 @@ async def test_the_rehearsing_tool_node_is_a_tool_node_with_its_options_and_tool
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         node = RehearsingToolNode([*toolbox.langchain_tools(meta=episode.meta), whoami, flaky], policy,
-                                  record_key="rehearsals", messages_key="chat", handle_tool_errors=True)
+                                  gate=GateConfig(require_approval="never"), record_key="rehearsals", messages_key="chat", handle_tool_errors=True)
         assert isinstance(node, ToolNode)
 
         async def call_model(state: State):
@@ -177,7 +179,7 @@ async def hitl_agent(toolbox, episode, policy, replies, checkpointer):
     from envace_mcp.graph.middleware import RehearsalMiddleware
 
     tools = toolbox.langchain_tools(meta=episode.meta)
-    rehearsal = RehearsalMiddleware(policy, tools=tools)
+    rehearsal = RehearsalMiddleware(policy, tools=tools, gate=GateConfig(require_approval="never"))  # review asks
     review = HumanInTheLoopMiddleware(interrupt_on={"transfer": {"allowed_decisions": ["approve", "edit", "reject"],
                                                                  "description": rehearsal.describe}})
     model = ToolCallingFake(messages=iter(replies))
@@ -337,7 +339,7 @@ async def test_the_middlewares_gate_reads_the_agents_own_conversation_for_its_ev
              for i, args in enumerate((made_up, too_much, too_much))]
     model = ToolCallingFake(messages=iter([*turns, AIMessage(content="I could not move it.")]))
     policy = ScriptedPolicy(rehearse=[ok(made_up), ok(too_much), ok(too_much)])
-    gate = GateConfig(block_ungrounded_arguments=True, block_repeated_failures=True)
+    gate = GateConfig(block_ungrounded_arguments=True, block_repeated_failures=True, require_approval="never")
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         agent = create_agent(model, tools=toolbox.langchain_tools(meta=episode.meta),

@@ -23,7 +23,24 @@ FINE = Prediction(tool="transfer", status="result", result={"ok": True})
 
 
 def d(call, spec, prediction=None, mode="real", real_calls=0, **config):
+    """The gate's rules apart from approval (opted out here; the default is checked on its own)."""
+    config = {"require_approval": "never", **config}
     return decide(call, spec, prediction, mode=mode, config=GateConfig(**config), real_calls=real_calls)
+
+
+def test_by_default_every_destructive_call_waits_for_approval_and_reads_run():
+    default = GateConfig()
+    assert decide(OK, WRITE, FINE, mode="real", config=default).action == "ask"
+    assert decide(OK, WRITE, None, mode="real", config=default).action == "ask"
+    read = ToolCall(id="2", name="get_balance", arguments={})
+    assert decide(read, READ, None, mode="real", config=default).action == "execute"
+
+
+def test_an_unusable_rehearsal_is_never_reported_as_no_objection():
+    garbled = Prediction(tool="transfer", status="invalid", code="OUTPUT_SCHEMA_MISMATCH")
+    for config in (GateConfig(), GateConfig(require_approval="never")):
+        decision = decide(OK, WRITE, garbled, mode="real", config=config)
+        assert "no objection" not in decision.reason and "unusable (OUTPUT_SCHEMA_MISMATCH)" in decision.reason
 
 
 @pytest.mark.parametrize(
@@ -193,7 +210,7 @@ def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_ask
 
     def decide_(arguments, spec=order, **config):
         call = ToolCall(id="1", name=spec.name, arguments=arguments)
-        return decide(call, spec, FINE, mode="real", config=GateConfig(**config), evidence=seen)
+        return decide(call, spec, FINE, mode="real", config=GateConfig(**{"require_approval": "never", **config}), evidence=seen)
 
     assert decide_({"account_id": "BRK-1", "side": "sell", "memo": "for my niece"}, **rules).action == "execute"
     assert decide_({"account_id": "BRK-1"}, **rules).reason.endswith("no write has succeeded since")

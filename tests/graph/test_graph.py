@@ -104,7 +104,7 @@ async def test_an_unsure_predicted_failure_lets_a_requested_write_reach_the_serv
         episode = Episode(task, "bank")
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
-                                    gate=GateConfig(min_failure_confidence=0.9))
+                                    gate=GateConfig(min_failure_confidence=0.9, require_approval="never"))
             out, trace = await record_run(create_envace_graph().compile(),
                                           {"messages": [HumanMessage(content=task.instruction)]}, context=context)
             final = await episode.final_state(toolbox)
@@ -135,7 +135,8 @@ async def test_a_gate_that_fails_closed_keeps_a_write_with_an_unusable_rehearsal
         episode = Episode(task, "bank")
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
-                                    gate=GateConfig(block_destructive_on_unusable_rehearsal=closed))
+                                    gate=GateConfig(block_destructive_on_unusable_rehearsal=closed,
+                                                    require_approval="never"))
             out, trace = await record_run(create_envace_graph().compile(),
                                           {"messages": [HumanMessage(content=task.instruction)]}, context=context)
             tried = await episode.final_state(toolbox) != task.initial_state
@@ -143,7 +144,8 @@ async def test_a_gate_that_fails_closed_keeps_a_write_with_an_unusable_rehearsal
         outcomes.append((out["rehearsals"][0]["decision"], tried))
         reasons += [s.reason for s in trace.steps if s.role == "gate"]
     assert outcomes == [("execute", True), ("block", False)]
-    assert reasons == ["rehearsal raised no objection",
+    assert reasons == ["rehearsal unusable (OUTPUT_SCHEMA_MISMATCH), so it predicts nothing; run without a prediction "
+                       "(block_destructive_on_unusable_rehearsal fails closed)",
                        "destructive call blocked: rehearsal unusable (OUTPUT_SCHEMA_MISMATCH), failing closed"]
 
 
@@ -183,7 +185,7 @@ async def test_mismatches_between_rehearsal_and_reality_are_scored_and_shown_to_
                          from_balance=1.0, to_balance=2.0)],
     )
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task)
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task, gate=GateConfig(require_approval="never"))
     record = out["rehearsals"][0]
     assert record["decision"] == "execute" and 0 < record["match"] < 1
     assert {"from_balance", "to_balance", "transfer_id"} <= set(record["mismatches"])
@@ -294,7 +296,8 @@ async def test_a_world_model_apart_from_the_agent_rehearses_and_the_gate_acts_on
     agent.name, world.name = "agent", "world"
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        context = EnvaceContext(policy=RolePolicies(agent, world), toolbox=toolbox.scoped(episode.meta))
+        context = EnvaceContext(policy=RolePolicies(agent, world), toolbox=toolbox.scoped(episode.meta),
+                                gate=GateConfig(require_approval="never"))
         out, trace = await record_run(create_envace_graph().compile(),
                                       {"messages": [HumanMessage(content=task.instruction)]}, context=context)
         final = await episode.final_state(toolbox)
@@ -369,7 +372,7 @@ async def test_the_runs_own_evidence_blocks_made_up_ids_and_a_refused_call_sent_
         fine = [Prediction(tool="transfer", status="result", result={"ok": True}) for _ in range(3)]
         policy = ScriptedPolicy(act=[call("transfer", **made_up), call("transfer", **too_much),
                                      call("transfer", **too_much), "Done."], rehearse=fine)
-        gate = GateConfig(block_ungrounded_arguments=on, block_repeated_failures=on)
+        gate = GateConfig(block_ungrounded_arguments=on, block_repeated_failures=on, require_approval="never")
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             episode = Episode(task, "bank")
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate)
@@ -405,7 +408,7 @@ async def test_a_write_that_already_ran_is_not_sent_again_until_the_user_asks_ag
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             graph = create_envace_graph().compile(checkpointer=InMemorySaver())
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
-                                    gate=GateConfig(block_repeated_writes=on))
+                                    gate=GateConfig(block_repeated_writes=on, require_approval="never"))
             config = {"configurable": {"thread_id": "t"}}
             first = await graph.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config, context=context)
             after_first = (await episode.final_state(toolbox))["accounts"][a["checking"]]["balance"]

@@ -147,7 +147,8 @@ async def test_a_graph_run_is_recorded_step_by_step(tmp_path):
     )
     store = TraceStore(tmp_path)
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(Episode(task, "bank").meta))
+        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(Episode(task, "bank").meta),
+                                gate=GateConfig(require_approval="never"))
         state, trace = await record_run(create_envace_graph().compile(),
                                         {"messages": [HumanMessage(content=task.instruction)]}, context=context,
                                         store=store, task_id=task.id, suite="bank", group_id="g")
@@ -274,7 +275,8 @@ async def test_a_hand_built_graph_with_the_drop_in_tool_node_is_recorded(tmp_pat
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         builder = StateGraph(MessagesState)
         builder.add_node("agent", agent)
-        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(Episode(task, "bank").meta), policy))
+        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(Episode(task, "bank").meta), policy,
+                                                     gate=GateConfig(require_approval="never")))
         builder.add_edge(START, "agent")
         builder.add_conditional_edges("agent", tools_condition)
         builder.add_edge("tools", "agent")
@@ -324,7 +326,7 @@ async def test_reference_solutions_replayed_through_the_graph_score_one_with_exa
             for task in tasks:
                 episode = Episode(task, name)
                 policy = ForcedPolicy(tiny_policy, **reference_roles(suite, task))
-                context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=GateConfig(rehearse="all"))
+                context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=GateConfig(rehearse="all", require_approval="never"))
                 state, trace = await record_run(create_envace_graph().compile(),
                                                 {"messages": [HumanMessage(content=task.instruction)]}, context=context)
                 verdict = suite.check(task, await episode.final_state(toolbox), state["final_answer"])

@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from envace_mcp.errors import UserError
 from envace_mcp.eval import get_suite
+from envace_mcp.graph import GateConfig
 from envace_mcp.eval.reference import reference_roles
 from envace_mcp.policy import load_policy
 from envace_mcp.policy.forced import ForcedPolicy
@@ -93,7 +94,8 @@ def test_grpo_refuses_runs_whose_act_turns_came_from_a_foreign_chat_model(tiny_q
             model = Hosted(messages=iter([AIMessage(content="", tool_calls=[{"name": "transfer", "args": transfer.arguments,
                                                                                "id": "c1"}]), AIMessage(content="Done.")]))
             agent = create_agent(model, tools=tools,
-                                 middleware=[RehearsalMiddleware(reference_policy(tiny_qwen3_dir, [task]), tools=tools)])
+                                 middleware=[RehearsalMiddleware(reference_policy(tiny_qwen3_dir, [task]), tools=tools,
+                                                                 gate=GateConfig(require_approval="never"))])  # a sandbox
             await record_run(agent, {"messages": [HumanMessage(content=task.instruction)]}, store=TraceStore(tmp_path / "t"),
                              group_id=task.id, task_id=task.id, model="hosted", rewards=[succeeded])
 

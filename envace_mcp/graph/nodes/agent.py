@@ -7,6 +7,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.runtime import Runtime
 
+from envace_mcp.graph.calls import call_ids, unique_ids
 from envace_mcp.graph.nodes._common import act_request, emit
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
 from envace_mcp.policy.prompts import GRAPH_NOTE
@@ -25,7 +26,7 @@ async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str
     generation = await ctx.policy.act(request, ctx.sampling.get("act"))
     emit(runtime, "agent", generation)
     parsed = generation.parsed
-    calls = [c.as_langchain() for c in parsed.tool_calls]
+    calls = unique_ids([c.as_langchain() for c in parsed.tool_calls], call_ids(state["messages"]))
     text = parsed.reply_text(generation.text)
     message = AIMessage(content=text, tool_calls=calls)
     update: dict[str, Any] = {"messages": [message], "steps": 1, "status": "running"}

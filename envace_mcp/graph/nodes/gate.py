@@ -22,8 +22,8 @@ def gate(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
     proposed = [calls.Proposal.from_record(c, specs.get(c.name), records.get(c.id, {})) for c in calls.tool_calls(message)]
     decided = calls.gate(proposed, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0),
                          messages=_with_task(state), specs=specs)
-    return {"rehearsals": [{"call_id": p.call.id, "decision": p.decision.action, "reason": p.decision.reason}
-                           for p in decided if p.decision is not None]}
+    return {"rehearsals": [{"call_id": p.call.id, "decision": p.decision.action, "reason": p.decision.reason,
+                            "gated_spec": p.gated_spec} for p in decided if p.decision is not None]}
 
 
 def _with_task(state: EnvaceState) -> list[Any]:

@@ -1,0 +1,132 @@
+"""The act phase, once: approval → execute / simulate / refuse → record, for one gated call.
+
+The graph's `act` node, `RehearsingToolNode` and `RehearsalMiddleware` (sync and async) all run
+`act_steps`, so a call is approved, edited, re-gated, refused and recorded the same way whichever
+form a user picked. It is written without I/O: it yields what it needs (an approval, a real call)
+and the caller's driver (`act_async`, `act_sync`) answers with its own approver and its own way of
+running a tool (the toolbox, or LangChain's tool handler), then receives the reply and the record.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+
+from envace_mcp._sync import run_sync
+from envace_mcp.graph import calls
+from envace_mcp.graph.calls import ApprovalRequest, Proposal, RehearsalRecord
+from envace_mcp.graph.gate import Decision
+from envace_mcp.policy.types import ToolCall
+from envace_mcp.toolbox import ToolResult, ToolSpec
+
+
+@dataclass(frozen=True)
+class Ask:
+    """The call needs a person's (or a rule's) answer to `request`."""
+
+    request: ApprovalRequest
+
+
+@dataclass(frozen=True)
+class Run:
+    """Run `call` on the real tool `spec` (the proposed call, or the edit a reviewer approved); the
+    driver answers with a `ToolResult`, a `ToolMessage`, or whatever the tool handler returned."""
+
+    call: ToolCall
+    spec: ToolSpec | None
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What became of the call: the reply for the agent and the call's record."""
+
+    reply: Any
+    """A `ToolMessage` (or a foreign tool's `Command`), answering the proposed call's id."""
+    record: RehearsalRecord
+    ran: bool
+    """Whether a real tool ran."""
+
+
+Regate = Callable[[ToolCall], Proposal]
+"""Validates and gates an edited call as a proposal of its own, with the gate the run uses."""
+
+
+def act_steps(p: Proposal, regate: Regate) -> Generator[Ask | Run, Any, Acted]:
+    """The act phase of one gated proposal (its `decision` set by `calls.gate`)."""
+    record = p.record()
+    if p.tool_changed:  # the server restarted with another listing between the gate and now
+        decision = Decision("reject", f"tool '{p.call.name}' changed since the gate judged it (its server now lists "
+                                      "another tool under that name); not run")
+        record["decision"], record["reason"] = decision.action, decision.reason
+        return Acted(calls.refusal(replace(p, decision=decision)), record, False)
+    action = p.decision.action if p.decision else "execute"
+    target = p
+    if action == "ask":
+        approval = calls.read_approval((yield Ask(calls.approval_request(p))), p.call)
+        record["approved"] = approval.approved
+        if not approval.approved:
+            record["decision"] = "rejected_by_human"
+            return Acted(calls.rejected(p.call, approval), record, False)
+        if approval.edited is not None:
+            record["edited"] = {"name": approval.edited.name, "args": approval.edited.arguments}
+            target = regate(approval.edited)
+            assert target.decision is not None
+            if target.decision.action not in ("execute", "ask"):  # the reviewer approved this edit: no second ask
+                record["decision"], record["reason"] = target.decision.action, f"the edited call: {target.decision.reason}"
+                refused = Decision(target.decision.action, record["reason"])
+                return Acted(calls.refusal(replace(p, prediction=None, decision=refused)), record, False)
+        action = "execute"
+    if action == "execute":
+        outcome = yield Run(target.call, target.spec)
+        reply, result = _reply(p.call, outcome)
+        if result is not None:  # an edit's result is not scored against the rehearsal of another call
+            record.update(calls.observed(p if target is p else Proposal(p.call, p.spec), result))  # type: ignore[typeddict-item]
+        return Acted(reply, record, True)
+    if action == "simulate":
+        return Acted(calls.simulated_reply(p.call, p.prediction), record, False)
+    return Acted(calls.refusal(p), record, False)
+
+
+def _reply(call: ToolCall, outcome: Any) -> tuple[Any, ToolResult | None]:
+    """The agent's reply and the real result, from a toolbox's `ToolResult` or a tool handler's reply."""
+    if isinstance(outcome, ToolResult):
+        return calls.reply(call, outcome.text, "error" if outcome.is_error else "success", outcome), outcome
+    return outcome, calls.result_of(call, outcome) if isinstance(outcome, ToolMessage) else None
+
+
+def _next(steps: Generator[Ask | Run, Any, Acted], answer: Any) -> Ask | Run | Acted:
+    try:
+        return steps.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+def _answer(step: Ask | Run, ask: Callable[[ApprovalRequest], Any], run: Callable[[ToolCall, ToolSpec | None], Any]) -> Any:
+    return ask(step.request) if isinstance(step, Ask) else run(step.call, step.spec)
+
+
+async def act_async(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
+                    run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate) -> Acted:
+    """`act_steps` driven from async code; `ask` and `run` may be sync or async."""
+    steps = act_steps(p, regate)
+    step = _next(steps, None)
+    while not isinstance(step, Acted):
+        answer = _answer(step, ask, run)
+        step = _next(steps, await answer if inspect.isawaitable(answer) else answer)
+    return step
+
+
+def act_sync(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
+             run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate) -> Acted:
+    """`act_steps` driven from sync code, in the caller's thread (a sync tool runs where it expects to);
+    an async approver is run to completion."""
+    steps = act_steps(p, regate)
+    step = _next(steps, None)
+    while not isinstance(step, Acted):
+        answer = _answer(step, ask, run)
+        step = _next(steps, run_sync(answer) if inspect.isawaitable(answer) else answer)
+    return step
