@@ -1,17 +1,29 @@
 """The context of a served graph (`langgraph dev`, LangGraph Platform), where the context arrives as
 JSON: it names the services, and `prepare()` loads them on first use, once per process, in a worker
 thread (loading a model or starting servers on the event loop would stall every other run, and
-LangGraph's server refuses blocking calls there)."""
+LangGraph's server refuses blocking calls there).
+
+`ServedContext` trusts whoever builds it (Python code). `DeployedContext` is what `graphs/envace_graph.py`
+serves, where the context is an API caller's JSON: the deployment (its environment, `env` in
+langgraph.json) names the services and the gate, and a caller may only tighten the gate (`loosened`),
+unless `ENVACE_ALLOW_CONTEXT` lets callers choose."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, get_args
 
-from envace_mcp.graph.gate import GateConfig, adapter_gate, gate_settings
+from envace_mcp.errors import UserError
+from envace_mcp.graph.gate import GateConfig, Mode, adapter_gate, gate_settings
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.embedded import default_adapter
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,15 +53,27 @@ class ServedContext(EnvaceContext):
         """Fill in `policy`, `toolbox` and `gate` from `model` / `servers` / the gate's settings (the services
         process-wide, on first use; blocking)."""
         if not isinstance(self.gate, GateConfig):
-            settings = gate_settings(self.gate or {}, "the context's gate")  # a bad one fails before anything loads
-            world = self.rehearse_adapter or default_adapter(self.model, self.adapter)
-            recommended = {} if self.policy is not None else adapter_gate(world)
-            self.gate = GateConfig(**{**recommended, **settings})
+            self.gate = self._build_gate()  # a bad gate fails before anything loads
         if self.policy is None:
             self.policy = _shared_policy(self.model, self.adapter, self.rehearse_adapter)
         if self._needs_toolbox():
             self.toolbox = _shared_toolbox(self.servers)  # type: ignore[arg-type]
         return self
+
+    def _build_gate(self) -> GateConfig:
+        settings = gate_settings(self.gate or {}, "the context's gate")
+        return GateConfig(**{**self._recommended("the context's gate overrides"), **settings})
+
+    def _recommended(self, overridden_by: str) -> dict[str, Any]:
+        """What the world model's adapter recommends (nothing for a policy given as an object), logged."""
+        if self.policy is not None:
+            return {}
+        world = self.rehearse_adapter or default_adapter(self.model, self.adapter)
+        recommended = adapter_gate(world)
+        if recommended:
+            _announce(recommended, world, "the rehearse adapter's" if self.rehearse_adapter else "the adapter's",
+                      overridden_by)
+        return recommended
 
     async def prepare(self) -> ServedContext:
         """`load()` for the graph's nodes: what is still to load is loaded in a worker thread."""
@@ -58,6 +82,171 @@ class ServedContext(EnvaceContext):
 
             await anyio.to_thread.run_sync(self.load)
         return self
+
+
+# ------------------------------------------------------------------ what a deployment lets callers set
+
+CALLER_CHOICES = ("servers", "model", "adapter", "rehearse_adapter", "mode", "gate")
+"""What `ENVACE_ALLOW_CONTEXT` may hand to callers: without it a caller may send each only as the deployment
+has it (the gate: only tighter, `loosened`; the mode: only fewer real calls)."""
+
+_ENV = {"servers": "ENVACE_SERVERS", "model": "ENVACE_MODEL", "adapter": "ENVACE_ADAPTER",
+        "rehearse_adapter": "ENVACE_REHEARSE_ADAPTER", "mode": "ENVACE_MODE"}
+_SERVICES = ("policy", "toolbox", "tools", "approve")
+_JSON = (str, int, float, dict, list)  # bool is an int
+_APPROVAL = ("never", "destructive", "always")
+_MODES = ("real", "mixed", "simulated")  # fewer real calls to the right: writes, then every call, simulated
+_STOPS_MORE_WHEN_TRUE = ("feedback_on_predicted_error", "block_destructive_on_predicted_failure",
+                         "block_destructive_on_unusable_rehearsal", "block_repeated_failures",
+                         "block_repeated_writes", "block_ungrounded_arguments")
+_BLOCKS_MORE = (*_STOPS_MORE_WHEN_TRUE[1:], "min_failure_confidence", "rehearse")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the deployment decides, read from the environment (`env` in langgraph.json): the services
+    (`ENVACE_SERVERS`, `ENVACE_MODEL`, `ENVACE_ADAPTER`, `ENVACE_REHEARSE_ADAPTER`, `ENVACE_MODE`), gate
+    settings over the adapter's recommendation and GateConfig's defaults (`ENVACE_GATE`: a JSON object or
+    `key=value,...` as `--gate` takes), and what callers may choose themselves (`ENVACE_ALLOW_CONTEXT`:
+    names from `CALLER_CHOICES`, comma-separated; `gate` lets them loosen it too)."""
+
+    servers: str | None = None
+    model: str | None = None
+    adapter: str | None = None
+    rehearse_adapter: str | None = None
+    mode: Mode = "real"
+    gate: dict[str, Any] = field(default_factory=dict)
+    allow: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Deployment:
+        """From `environ` (default `os.environ`); a bad value is a UserError naming the variable."""
+        env = os.environ if environ is None else environ
+        mode = env.get("ENVACE_MODE") or "real"
+        if mode not in get_args(Mode):
+            raise UserError(f"ENVACE_MODE must be one of {', '.join(get_args(Mode))}, not {mode!r}")
+        allow = frozenset(filter(None, (n.strip() for n in env.get("ENVACE_ALLOW_CONTEXT", "").split(","))))
+        if allow - set(CALLER_CHOICES):
+            raise UserError(f"ENVACE_ALLOW_CONTEXT: unknown {', '.join(sorted(allow - set(CALLER_CHOICES)))}; "
+                            f"known: {', '.join(CALLER_CHOICES)}")
+        return cls(**{name: env.get(var) or None for name, var in _ENV.items() if name != "mode"}, mode=mode,
+                   gate=gate_settings(_parse_gate(env.get("ENVACE_GATE", "")), "ENVACE_GATE"), allow=allow)
+
+
+def _parse_gate(text: str) -> Any:
+    """`ENVACE_GATE`: a JSON object, or `key=value,...` with each value read as JSON where it reads so
+    (`none` too, as `--gate` takes it), else as text."""
+    if text.strip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise UserError(f"ENVACE_GATE: not a JSON object ({exc})") from None
+    settings: dict[str, Any] = {}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        key, _, raw = item.partition("=")
+        try:
+            settings[key.strip()] = None if raw.strip().lower() == "none" else json.loads(raw)
+        except ValueError:
+            settings[key.strip()] = raw.strip()
+    return settings
+
+
+def loosened(deployed: GateConfig, settings: Mapping[str, Any], whose: str = "the deployment's") -> str | None:
+    """Why `settings` over `deployed` would let a call through that `deployed` stops, naming the first
+    setting that does; None when every one is at least as strict. A stop is a call not run without a human
+    (block, feedback, the budget) or one a human approves first (ask). Not tighter either way:
+    `max_rehearsals` (fewer leave writes unrehearsed, more spend the deployment's model time) and widening
+    `rehearse` from `writes` to `all` under a rehearsal budget (rehearsed reads spend what writes need);
+    and with `approve_blocked` on, what blocks more turns feedback and budget stops into questions."""
+    merged = replace(deployed, **settings)
+    for key, value in settings.items():
+        old = getattr(deployed, key)
+        if value == old:
+            continue
+        why = None
+        if key == "require_approval" and _APPROVAL.index(value) < _APPROVAL.index(old):
+            why = "asks a human about fewer calls"
+        elif key in _STOPS_MORE_WHEN_TRUE and not value:
+            why = "stops fewer calls"
+        elif key == "approve_blocked" and value:
+            why = "lets a human run calls the gate blocks"
+        elif key in ("max_real_calls", "max_steps") and (value is None or (old is not None and value > old)):
+            why = "raises a budget"
+        elif key == "min_failure_confidence" and value > old:
+            why = "trusts fewer predicted failures"
+        elif key == "max_rehearsals":
+            why = "changes the rehearsal budget (fewer leave calls unrehearsed, more spend model time)"
+        elif key == "rehearse" and not (old == "none" or (value == "all" and merged.max_rehearsals is None)):
+            why = ("rehearses fewer calls" if value == "none" or old == "all" else
+                   "spends the rehearsal budget on reads, leaving writes unrehearsed")
+        elif key in _BLOCKS_MORE and merged.approve_blocked:
+            why = "sends calls feedback or the budget stops to a human instead (approve_blocked is on)"
+        if why:
+            return f"{key}={json.dumps(value)} over {whose} {json.dumps(old)} {why}"
+    return None
+
+
+def _env_default(name: str) -> Any:
+    return field(default_factory=lambda: getattr(Deployment.from_env(), name))
+
+
+@dataclass
+class DeployedContext(ServedContext):
+    """A `ServedContext` built from an API caller's JSON (`langgraph dev`, LangGraph Platform), over the
+    deployment's choices (`Deployment.from_env()`). The caller may send `servers`, `model`, `adapter`,
+    `rehearse_adapter` only as the deployment has them, `mode` only towards fewer real calls (real →
+    mixed → simulated), `gate` settings only as strict as the deployment's gate or stricter (`loosened`),
+    and no service as JSON: anything else fails the run, naming the field, before anything loads or runs.
+    `ENVACE_ALLOW_CONTEXT` lifts this per field. A `GateConfig` object (Python, not JSON) is used as is."""
+
+    servers: str | None = _env_default("servers")
+    model: str | None = _env_default("model")
+    adapter: str | None = _env_default("adapter")
+    rehearse_adapter: str | None = _env_default("rehearse_adapter")
+    mode: Mode = _env_default("mode")
+
+    def __post_init__(self) -> None:
+        deployment = Deployment.from_env()
+        for name in _SERVICES:
+            value = getattr(self, name)
+            if isinstance(value, _JSON) and not (name == "tools" and all(not isinstance(v, _JSON) for v in value)):
+                raise UserError(f"the run's context cannot set {name}: it is a Python object the deployment gives")
+        for name in _ENV:
+            chosen, deployed = getattr(self, name), getattr(deployment, name)
+            if chosen == deployed or name in deployment.allow:
+                continue
+            if name == "mode" and chosen in _MODES and _MODES.index(chosen) > _MODES.index(deployed):
+                continue  # fewer real calls, nothing else loaded
+            raise UserError(f"the run's context may not set {name} ({chosen!r}): the deployment chooses it "
+                            f"({_ENV[name]}); ENVACE_ALLOW_CONTEXT={name} lets callers choose")
+
+    def _build_gate(self) -> GateConfig:
+        settings = gate_settings(self.gate or {}, "the context's gate")
+        deployment = Deployment.from_env()
+        deployed = GateConfig(**{**self._recommended("ENVACE_GATE, then the run's context, override"),
+                                 **deployment.gate})
+        why = None if "gate" in deployment.allow else loosened(deployed, settings)
+        if why:
+            raise UserError(f"the context's gate may only tighten the deployment's: {why} "
+                            "(ENVACE_ALLOW_CONTEXT=gate lets callers loosen it)")
+        return replace(deployed, **settings)
+
+
+_ANNOUNCED: set[tuple[str, str]] = set()
+_ANNOUNCING = threading.Lock()
+
+
+def _announce(recommended: dict[str, Any], folder: Any, whose: str, overridden_by: str) -> None:
+    """Log an adapter's recommended gate once per process (every run applies it), as `envace demo` prints
+    it; at WARNING where it stops fewer calls than GateConfig's defaults."""
+    shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
+    with _ANNOUNCING:
+        if (str(folder), shown) in _ANNOUNCED:
+            return
+        _ANNOUNCED.add((str(folder), shown))
+    looser = loosened(GateConfig(), recommended, "GateConfig's default")
+    logger.log(logging.WARNING if looser else logging.INFO, "gate from %s envace.json (%s): %s (%s)%s",
+               whose, folder, shown, overridden_by, f"; {looser}" if looser else "")
 
 
 _SHARED: dict[tuple[str | None, ...], Any] = {}
