@@ -20,6 +20,12 @@ _SUSPECT = re.compile(r"[^\x20-\x7e]")
 # surrogates (undecodable bytes from a server), which a UTF-8 terminal cannot even be sent.
 _HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+# Characters that draw nothing (or only blank) though no category above says so: Unicode's default-ignorable
+# code points outside Cf (combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian and
+# other variation selectors), the blank Braille pattern, and every space but U+0020 (Zs): "ali\u034fce"
+# must not pass for "alice", nor a no-break space for a space.
+_BLANK = frozenset({0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x2800, 0x3164, 0xFFA0,
+                    *range(0x180B, 0x1810), *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)})
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -29,7 +35,7 @@ def _escape(match: re.Match[str]) -> str:
     code = ord(char)
     if code < 0x100 and unicodedata.category(char) == "Cc":
         return f"\\x{code:02x}"
-    if unicodedata.category(char) in _HIDDEN:
+    if unicodedata.category(char) in _HIDDEN or code in _BLANK or unicodedata.category(char) == "Zs":
         return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
     return char
 

@@ -63,7 +63,10 @@ def act_steps(p: Proposal, regate: Regate) -> Generator[Ask | Run, Any, Acted]:
                                       "another tool under that name); not run")
         record["decision"], record["reason"] = decision.action, decision.reason
         return Acted(calls.refusal(replace(p, decision=decision)), record, False)
-    action = p.decision.action if p.decision else "execute"
+    if p.decision is None:  # nothing ungated runs
+        p = replace(p, decision=Decision("reject", "the gate has not judged this call; not run"))
+        record["decision"], record["reason"] = p.decision.action, p.decision.reason  # type: ignore[union-attr]
+    action = p.decision.action  # type: ignore[union-attr]
     target = p
     if action == "ask":
         approval = calls.read_approval((yield Ask(calls.approval_request(p))), p.call)

@@ -234,6 +234,21 @@ def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: i
     return out
 
 
+_NOT_RUN = ("reject", "simulate", "feedback", "block", "budget")
+
+
+def stricter(recorded: Decision | None, checked: Decision) -> Decision:
+    """The stricter of two decisions on one call: any that does not run it, then `ask`, then `execute`.
+    The act node checks a call again before running it, since a decision read from graph state may have
+    been written by whoever can update that state (a served graph's API caller)."""
+    if recorded is None:
+        return checked
+    for decision in (recorded, checked):
+        if decision.action in _NOT_RUN:
+            return decision
+    return recorded if recorded.action == "ask" or checked.action != "ask" else checked
+
+
 # ------------------------------------------------------------------ approvals
 
 def approval_request(p: Proposal) -> ApprovalRequest:

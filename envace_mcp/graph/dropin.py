@@ -51,6 +51,8 @@ class ToolCallRehearsal:
     # ------------------------------------------------------------------ what the state knows
 
     def _messages(self, state: Any) -> list[AnyMessage]:
+        if isinstance(state, list):  # a graph whose state is the message list itself
+            return list(state)
         if isinstance(state, Mapping):
             return list(state.get(self.messages_key, []))
         return list(getattr(state, self.messages_key, None) or [])

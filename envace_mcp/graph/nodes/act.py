@@ -5,6 +5,7 @@ runs). Every path ends in a ToolMessage."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 from langgraph.runtime import Runtime
@@ -28,7 +29,11 @@ async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, A
     ctx = await runtime.context.prepare()
     raw = payload["call"]
     call = ToolCall(id=raw["id"], name=raw["name"], arguments=raw["args"])
-    p = Proposal.from_record(call, ctx.spec(call.name), payload["record"])
+    recorded = Proposal.from_record(call, ctx.spec(call.name), payload["record"])
+    # checked again here: the record comes from graph state, which an API caller can write (a Command
+    # sent straight to `act`, an update_state), so it can tighten what runs, never loosen it
+    checked = calls.gate([replace(recorded, decision=None)], mode=ctx.mode, config=ctx.gate)[0]
+    p = replace(recorded, decision=calls.stricter(recorded.decision, checked.decision))
 
     def regate(edited: ToolCall) -> Proposal:
         return calls.gate([Proposal(edited, ctx.spec(edited.name))], mode=ctx.mode, config=ctx.gate)[0]
