@@ -88,6 +88,9 @@ class Transcript:
             self.print(Text.assemble("   gate: ", safe(str(record["decision"]), style), " — ", safe(str(record.get("reason") or ""))))
 
 
+NO_TERMINAL = {"type": "reject", "message": "nobody could be asked: no terminal on stdin (an unattended run)"}
+
+
 class TerminalApprover:
     """`EnvaceContext.approve` for the CLI: shows the call whole (every argument, one per line) and its
     rehearsed outcome, then asks on the terminal. Questions are asked one at a time, each right under
@@ -112,11 +115,11 @@ class TerminalApprover:
         else:
             self.console.print(*renderables)
 
-    async def __call__(self, request: dict[str, Any]) -> bool:
+    async def __call__(self, request: dict[str, Any]) -> Any:
         async with self._one_at_a_time:
             return await self._ask(request)
 
-    async def _ask(self, request: dict[str, Any]) -> bool:
+    async def _ask(self, request: dict[str, Any]) -> Any:
         import sys
 
         import anyio
@@ -131,7 +134,7 @@ class TerminalApprover:
         if not (stdin and stdin.isatty()):
             self.console.print(Text.assemble("      ", ("denied:", "red"), " no terminal on stdin to ask (pass --yes, or "
                                              "--gate require_approval=never, to run such calls unasked)"))
-            return False
+            return NO_TERMINAL  # the agent is told nobody could be asked, not that a person said no
         _discard_typed_ahead(stdin)
         self.console.print(Text("      run it? [y/N] "), end="")
         self._waiting = True

@@ -45,9 +45,12 @@ async def main() -> None:
                              middleware=[RehearsalMiddleware(policy, tools=tools)])
         config = {"configurable": {"thread_id": "example"}}
         out = await agent.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config)
-        while out.get("__interrupt__"):  # a destructive call waits for approval, one call at a time
-            print("approval requested:\n" + out["__interrupt__"][0].value["description"])  # whole, with its rehearsal
-            out = await agent.ainvoke(Command(resume={"decisions": [{"type": "approve"}]}), config)  # a person's answer
+        while out.get("__interrupt__"):  # each destructive call waits for approval (several may wait at once)
+            answers = {}
+            for pause in out["__interrupt__"]:
+                print("approval requested:\n" + pause.value["description"])  # the call, whole, and its rehearsal
+                answers[pause.id] = {"decisions": [{"type": "approve"}]}  # a person's answer, by interrupt id
+            out = await agent.ainvoke(Command(resume=answers), config)
         verdict = suite.check(task, await episode.final_state(toolbox), out["messages"][-1].content)
     for message in out["messages"]:
         record = message.additional_kwargs.get("envace_rehearsal")

@@ -214,6 +214,8 @@ async def test_a_trusted_server_keeps_its_hints_and_the_users_read_only_list_sti
                        "read_only_tools": ["wipe"]}}
     async with Toolbox(servers) as toolbox:
         assert toolbox.catalog["wipe"].annotations.read_only
+        assert any("'wipe', which is destructive by the server's annotations" in p and "without approval" in p
+                   for p in toolbox.problems)  # the user's word wins, and they are told what it overrode
 
 
 async def test_contradictory_hints_over_stdio_resolve_to_destructive():

@@ -57,7 +57,8 @@ def test_the_terminal_approver_asks_on_a_terminal_and_denies_without_one():
     assert "approval needed: transfer" in shown.getvalue() and QUESTION in shown.getvalue()
     assert "predicts {\"balance\": 5}" in shown.getvalue()
     with open(os.devnull) as not_a_terminal:
-        assert anyio.run(TerminalApprover(console, stdin=not_a_terminal), request(9)) is False
+        unasked = anyio.run(TerminalApprover(console, stdin=not_a_terminal), request(9))
+        assert unasked["type"] == "reject" and "no terminal" in unasked["message"]  # what the agent is told
         assert anyio.run(TerminalApprover(console, stdin=not_a_terminal, assume_yes=True), request(9)) is True
     assert "denied: no terminal on stdin" in shown.getvalue() and "approved (--yes)" in shown.getvalue()
 

@@ -358,7 +358,7 @@ def refusal(p: Proposal) -> ToolMessage:
 
 def rejected(call: ToolCall, approval: Approval) -> ToolMessage:
     why = f" Reason: {approval.message}" if approval.message else ""
-    return reply(call, f"Not executed: a human rejected this call.{why}", "error", not_executed="rejected")
+    return reply(call, f"Not executed: the call was not approved.{why}", "error", not_executed="rejected")
 
 
 def observed(p: Proposal, result: ToolResult) -> RehearsalRecord:

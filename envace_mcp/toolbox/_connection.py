@@ -245,6 +245,10 @@ async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[li
             if not spec.allows(tool.name):
                 denied.add(tool.name)
                 continue
+            if tool.name in spec.read_only_tools and ToolAnnotations.from_hints(tool.annotations).destructive:
+                problems.append(f"server {server!r}: 'read_only_tools' names {tool.name[:128]!r}, which is destructive by "
+                                "the server's annotations (or their absence); it counts as read-only, as configured, "
+                                "and runs without approval")
             entry, cuts = bound_tool(ToolSpec.create(
                 remote_name=tool.name,
                 server=server,

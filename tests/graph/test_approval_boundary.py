@@ -110,7 +110,7 @@ async def test_create_agent_gives_repeated_call_ids_their_own_before_anything_is
     replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert len({m.tool_call_id for m in replies}) == 2
     by_tool = {m.name: m for m in replies}
-    assert "a human rejected" in by_tool["transfer"].content and by_tool["get_balance"].status == "success"
+    assert "not approved" in by_tool["transfer"].content and by_tool["get_balance"].status == "success"
     assert {r["tool"] for r in out["rehearsals"]} == {"transfer", "get_balance"}
 
 
