@@ -128,9 +128,17 @@ class ToolCallRehearsal:
                 examples=calls.examples_from(records), budget=self._rehearsals_left(request.state))
             if generation is not None:
                 emit(request.runtime, "rehearse", generation, call_id=call.id)
-        real_calls = sum(r.get("real") is not None for r in records)
-        return calls.gate([p], mode=self.mode, config=self.gate, real_calls=real_calls,
+        return calls.gate([p], mode=self.mode, config=self.gate, real_calls=self._real_calls(request.state),
                           messages=self._messages(request.state), specs=self.specs)[0]
+
+    def _real_calls(self, state: Any) -> int:
+        """Calls of this run that reached a real tool, for `max_real_calls`: from the records in state, or,
+        with no `record_key`, from the records every reply carries (`envace_rehearsal`). Calls of one turn
+        run side by side and are each gated against the count before the turn."""
+        if self.record_key:
+            return sum(r.get("real") is not None for r in self._records(state))
+        return sum(1 for m in self._messages(state) if isinstance(m, ToolMessage)
+                   and (m.additional_kwargs.get("envace_rehearsal") or {}).get("real") is not None)
 
     # ------------------------------------------------------------------ the hooks
 

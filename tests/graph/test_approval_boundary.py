@@ -330,3 +330,27 @@ def test_characters_that_draw_nothing_are_written_out_in_what_a_reviewer_reads()
     for hidden in ("\u034f", "\u3164", "\ufe0f", "\U000e0100", "\u00a0", "\u2800", "\u200b", "\u202e"):
         assert visible(f"ali{hidden}ce") != "alice" and "\\" in visible(f"ali{hidden}ce")
     assert visible("café नमस्ते") == "café नमस्ते"  # letters and marks of real scripts stay as written
+
+
+async def test_a_tool_node_without_a_record_key_still_keeps_to_the_real_call_budget(bank):
+    suite, task = bank
+    accounts = mine(task)
+    reads = [AIMessage(content="", tool_calls=[{"name": "get_balance", "args": {"account_id": accounts["savings"]},
+                                                "id": f"r{i}"}]) for i in range(3)]
+    model = ToolCallingFake(messages=iter([*reads, AIMessage(content="Done.")]))
+    episode = Episode(task, "bank")
+    async with Toolbox({"bank": suite.build_server()}) as toolbox:
+        async def call_model(state: MessagesState):
+            return {"messages": [await model.ainvoke(state["messages"])]}
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", call_model)
+        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), ScriptedPolicy(),
+                                                     gate=GateConfig(require_approval="never", max_real_calls=2)))
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition)
+        builder.add_edge("tools", "agent")
+        out = await builder.compile().ainvoke({"messages": [HumanMessage(content=task.instruction)]})
+    replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert [m.status for m in replies] == ["success", "success", "error"]
+    assert "Not executed (budget)" in replies[2].content
