@@ -67,6 +67,20 @@ def repeated_ids(transfer, account):
                                              {"name": "get_balance", "args": {"account_id": account}, "id": "call_1"}])
 
 
+def hand_built(model, node):
+    """A hand-built agent graph: the model, then `node` (a RehearsingToolNode) for its calls."""
+    async def call_model(state: MessagesState):
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", call_model)
+    builder.add_node("tools", node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile()
+
+
 # ------------------------------------------------------------------ 5. repeated tool-call ids
 
 async def test_a_model_that_repeats_call_ids_cannot_slip_a_transfer_past_the_approver_in_the_graph(bank):
@@ -122,16 +136,8 @@ async def test_a_tool_node_runs_no_call_whose_id_another_call_shares(bank):
     reviewer = Reviewer(True, True)
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        async def call_model(state: MessagesState):
-            return {"messages": [await model.ainvoke(state["messages"])]}
-
-        builder = StateGraph(MessagesState)
-        builder.add_node("agent", call_model)
-        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), ScriptedPolicy(), approve=reviewer))
-        builder.add_edge(START, "agent")
-        builder.add_conditional_edges("agent", tools_condition)
-        builder.add_edge("tools", "agent")
-        out = await builder.compile().ainvoke({"messages": [HumanMessage(content=task.instruction)]})
+        node = RehearsingToolNode(toolbox.scoped(episode.meta), ScriptedPolicy(), approve=reviewer)
+        out = await hand_built(model, node).ainvoke({"messages": [HumanMessage(content=task.instruction)]})
         assert await episode.final_state(toolbox) == task.initial_state
     assert reviewer.shown == []  # nothing was asked under an id that is not the call's own
     replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
@@ -166,16 +172,7 @@ async def test_an_edit_that_breaks_the_schema_is_refused_alike_by_the_graph_the_
                 out = await create_envace_graph().compile().ainvoke(start, context=EnvaceContext(
                     policy=RolePolicies(ChatModelPolicy(model), rehearse), toolbox=scope, approve=reviewer))
             elif form == "tool node":
-                async def call_model(state: MessagesState, model=model):
-                    return {"messages": [await model.ainvoke(state["messages"])]}
-
-                builder = StateGraph(MessagesState)
-                builder.add_node("agent", call_model)
-                builder.add_node("tools", RehearsingToolNode(scope, rehearse, approve=reviewer))
-                builder.add_edge(START, "agent")
-                builder.add_conditional_edges("agent", tools_condition)
-                builder.add_edge("tools", "agent")
-                out = await builder.compile().ainvoke(start)
+                out = await hand_built(model, RehearsingToolNode(scope, rehearse, approve=reviewer)).ainvoke(start)
             else:
                 tools = scope.langchain_tools()
                 out = await create_agent(model, tools=tools, middleware=[
@@ -340,17 +337,9 @@ async def test_a_tool_node_without_a_record_key_still_keeps_to_the_real_call_bud
     model = ToolCallingFake(messages=iter([*reads, AIMessage(content="Done.")]))
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        async def call_model(state: MessagesState):
-            return {"messages": [await model.ainvoke(state["messages"])]}
-
-        builder = StateGraph(MessagesState)
-        builder.add_node("agent", call_model)
-        builder.add_node("tools", RehearsingToolNode(toolbox.scoped(episode.meta), ScriptedPolicy(),
-                                                     gate=GateConfig(require_approval="never", max_real_calls=2)))
-        builder.add_edge(START, "agent")
-        builder.add_conditional_edges("agent", tools_condition)
-        builder.add_edge("tools", "agent")
-        out = await builder.compile().ainvoke({"messages": [HumanMessage(content=task.instruction)]})
+        node = RehearsingToolNode(toolbox.scoped(episode.meta), ScriptedPolicy(),
+                                  gate=GateConfig(require_approval="never", max_real_calls=2))
+        out = await hand_built(model, node).ainvoke({"messages": [HumanMessage(content=task.instruction)]})
     replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert [m.status for m in replies] == ["success", "success", "error"]
     assert "Not executed (budget)" in replies[2].content
