@@ -189,3 +189,13 @@ def test_every_bad_invocation_fails_in_one_line_with_exit_code_2_before_anything
 def test_no_arguments_shows_the_help_and_exits_0():
     out = subprocess.run([sys.executable, "-m", "envace_mcp.cli"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "demo" in out.stdout and "train" in out.stdout
+
+
+def test_demos_step_budget_comes_from_gate_unless_max_steps_is_given():
+    """`envace demo --gate max_steps=8` ran with 4: the --max-steps default hid the --gate setting."""
+    from envace_mcp.cli._common import _agent_gate
+
+    def steps(spec, option):
+        return _agent_gate(spec, None, "none", announce=False, defaults={"max_steps": 4}, max_steps=option)[0].max_steps
+
+    assert steps("max_steps=8", None) == 8 and steps(None, None) == 4 and steps("max_steps=8", 3) == 3

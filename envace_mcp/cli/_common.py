@@ -283,11 +283,13 @@ rehearsed outcome); `--gate require_approval=never` or `--yes` for unattended ru
 
 
 def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announce: bool = True,
-                rehearse_adapter: str | None = None, **overrides: Any) -> tuple[Any, str | None]:
+                rehearse_adapter: str | None = None, defaults: dict[str, Any] | None = None,
+                **overrides: Any) -> tuple[Any, str | None]:
     """`envace demo` / `envace run`: the adapter to load (`default_adapter`) and the gate, built from
     INTERACTIVE_GATE, then what the world model's adapter recommends in its envace.json (`adapter_gate`;
     the rehearse adapter's when there is one, since the recommendation says how far to trust the
-    rehearsals measured with those weights), then `--gate`, then `overrides`. The recommendation is
+    rehearsals measured with those weights), then the command's own `defaults`, then `--gate`, then
+    `overrides` that were given (an option left at None does not hide `--gate`). The recommendation is
     printed, so a run never hides where a setting came from."""
     from envace_mcp.graph import adapter_gate
     from envace_mcp.policy.embedded import default_adapter
@@ -297,7 +299,7 @@ def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announ
         recommended = adapter_gate(rehearse_adapter if rehearse_adapter is not None else folder)
     except EnvaceError as exc:
         _fail(exc)
-    config = _gate(spec, {**INTERACTIVE_GATE, **recommended}, **overrides)
+    config = _gate(spec, {**INTERACTIVE_GATE, **recommended, **(defaults or {})}, **overrides)
     if recommended and announce:  # after every check of the command line: a bad one prints nothing else
         shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
         whose = "the rehearse adapter's" if rehearse_adapter is not None else "the adapter's"

@@ -30,6 +30,10 @@ from envace_mcp.cli._common import (
 from envace_mcp.errors import EnvaceError
 
 
+DEMO_STEPS = 4
+"""`envace demo`'s step budget unless --max-steps or --gate max_steps=N says otherwise: a short run to watch."""
+
+
 @app.command("demo")
 def demo(
     domain: Annotated[str, typer.Option(help="bank or retail")] = "bank",
@@ -41,7 +45,7 @@ def demo(
     rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
     gate: Annotated[Optional[str], typer.Option(help="e.g. require_approval=never,rehearse=all")] = None,
     yes: YesOpt = False,
-    max_steps: Annotated[int, typer.Option(min=1, help="agent turns before the run stops")] = 4,
+    max_steps: Annotated[Optional[int], typer.Option(min=1, help="agent turns before the run stops (default 4)")] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
     rehearse_max_new_tokens: RehearseTokensOpt = None,
     traces: TracesOut = None,
@@ -67,7 +71,7 @@ def demo(
     except EnvaceError as exc:
         _fail(exc)
     gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, rehearse_adapter=rehearse_adapter,
-                                              max_steps=max_steps)
+                                              defaults={"max_steps": DEMO_STEPS}, max_steps=max_steps)
 
     async def main(config: dict[str, Any]) -> None:
         async with Toolbox(config) as toolbox:
