@@ -39,6 +39,10 @@ def files(tmp_path_factory):
     (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
     (root / "fidelity.json").write_text(json.dumps({"fidelity_weight": 0.5}))  # simulated mode: nothing to earn it
+    (root / "started" / "checkpoint").mkdir(parents=True)  # a GRPO run started with k=4 that a resume must match
+    (root / "started" / "setup.json").write_text(json.dumps(
+        {"traces": None, "suite": "bank", "split": "train", "k": 4, "mode": "simulated", "kinds": None,
+         "max_new_tokens": 128, "rehearse_max_new_tokens": None}))
     from envace_mcp.traces import Trace, TraceStore
 
     mixed = TraceStore(root / "mixed")  # runs whose act prompts wrote tools in two formats
@@ -153,6 +157,7 @@ BAD = [
      "kinds ['bingo']: not among the 'fit' split's task kinds"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "--kind", "bingo"], "--kind picks the tasks"),
     (["train", "plot", "{f}/folder"], "no metrics.jsonl in"),
+    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8"], "started with other settings: k=4 (now 8)"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "/proc/envace-out"], "cannot write to /proc/envace-out"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "{f}/a-file/out"], "cannot write to"),
     (["traces", "sample", "/proc/envace-out", "{f}/hosted"], "cannot write to /proc/envace-out"),

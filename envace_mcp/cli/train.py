@@ -160,9 +160,13 @@ def train_grpo_command(
             refuse_unshaped(runs, settings)
         except EnvaceError as exc:
             _fail(exc)
-    from envace_mcp.train.trainer import OfflineGRPO
-
     with _holding(out):  # one process per --out: two would tear its checkpoint and metrics
+        _same_setup(out, {"traces": str(traces.resolve()) if traces is not None else None, "suite": suite,
+                          "split": split if suite else None, "k": k if suite else None, "mode": mode if suite else None,
+                          "kinds": settings.kinds if suite else None, "max_new_tokens": max_new_tokens,
+                          "rehearse_max_new_tokens": rehearse_max_new_tokens})  # before the model loads
+        from envace_mcp.train.trainer import OfflineGRPO
+
         try:
             if traces is not None:
                 trainer: Any = OfflineGRPO(settings, _store(traces).directory, out, runs=runs)
@@ -174,6 +178,31 @@ def train_grpo_command(
     if records:
         console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
+
+
+SETUP = "setup.json"
+"""What a GRPO run in an --out folder was started with; a resume with other flags is refused."""
+
+
+def _same_setup(out: Path, setup: dict[str, Any]) -> None:
+    """Refuse, in one line, to resume a run in `out` with another setup than it started with (a changed
+    suite, split, k, mode or source would silently train on something else); record the setup on a
+    fresh start. --steps and the config's other fields may change between resumes."""
+    from envace_mcp._files import write_atomic
+
+    path = out / SETUP
+    if (out / "checkpoint").exists() and path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            _fail(ValueError(f"{path}: not readable ({exc}); resume with a new --out"))
+        changed = [f"{key}={saved.get(key)!r} (now {value!r})" for key, value in setup.items() if saved.get(key) != value]
+        if changed:
+            _fail(ValueError(f"{out} holds a run started with other settings: {', '.join(changed)}; resume it with the "
+                             "same flags, or start a new run with another --out"))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(setup, indent=1))
 
 
 @train_app.command("plot")

@@ -59,6 +59,11 @@ def test_reference_traces_then_sft_then_grpo_on_the_tiny_model(tmp_path):
     grpo = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "grpo"), "--config", str(config))
     assert grpo.returncode == 0, grpo.stderr
     assert (tmp_path / "grpo" / "metrics.png").exists() and "step 2" in grpo.stdout
+    more = cli("train", "grpo", "--traces", str(fixtures), "--out", str(tmp_path / "grpo"), "--config", str(config),
+               "--steps", "3")  # the same run, resumed for one more step
+    assert more.returncode == 0 and "step 3" in more.stdout, more.stderr
+    elsewhere = cli("train", "grpo", "--traces", str(tmp_path / "refs"), "--out", str(tmp_path / "grpo"), "--config", str(config))
+    assert elsewhere.returncode == 2 and "started with other settings: traces=" in elsewhere.stderr
     with open(tmp_path / "grpo" / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 3, "lo')  # a line torn by a kill, or still being written: skipped
     arms = cli("train", "plot", str(tmp_path / "grpo"), str(tmp_path / "sft"), "--out", str(tmp_path / "arms.png"))
