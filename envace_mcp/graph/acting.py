@@ -55,8 +55,10 @@ Regate = Callable[[ToolCall], Proposal]
 """Validates and gates an edited call as a proposal of its own, with the gate the run uses."""
 
 
-def act_steps(p: Proposal, regate: Regate) -> Generator[Ask | Run, Any, Acted]:
-    """The act phase of one gated proposal (its `decision` set by `calls.gate`)."""
+def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | None = None,
+              ) -> Generator[Ask | Run, Any, Acted]:
+    """The act phase of one gated proposal (its `decision` set by `calls.gate`). `sent`: the arguments the
+    server will receive for a call (`calls.arguments_sent`), which the approval request shows."""
     record = p.record()
     if p.tool_changed:  # the server restarted with another listing between the gate and now
         decision = Decision("reject", f"tool '{p.call.name}' changed since the gate judged it (its server now lists "
@@ -69,7 +71,8 @@ def act_steps(p: Proposal, regate: Regate) -> Generator[Ask | Run, Any, Acted]:
     action = p.decision.action  # type: ignore[union-attr]
     target = p
     if action == "ask":
-        approval = calls.read_approval((yield Ask(calls.approval_request(p))), p.call)
+        request = calls.approval_request(p, sent(p.call) if sent is not None else None)
+        approval = calls.read_approval((yield Ask(request)), p.call)
         record["approved"] = approval.approved
         if not approval.approved:
             record["decision"] = "rejected_by_human"
@@ -113,9 +116,10 @@ def _answer(step: Ask | Run, ask: Callable[[ApprovalRequest], Any], run: Callabl
 
 
 async def act_async(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
-                    run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate) -> Acted:
+                    run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate,
+                    sent: Callable[[ToolCall], Any] | None = None) -> Acted:
     """`act_steps` driven from async code; `ask` and `run` may be sync or async."""
-    steps = act_steps(p, regate)
+    steps = act_steps(p, regate, sent)
     step = _next(steps, None)
     while not isinstance(step, Acted):
         answer = _answer(step, ask, run)
@@ -124,10 +128,11 @@ async def act_async(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
 
 
 def act_sync(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
-             run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate) -> Acted:
+             run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate,
+             sent: Callable[[ToolCall], Any] | None = None) -> Acted:
     """`act_steps` driven from sync code, in the caller's thread (a sync tool runs where it expects to);
     an async approver is run to completion."""
-    steps = act_steps(p, regate)
+    steps = act_steps(p, regate, sent)
     step = _next(steps, None)
     while not isinstance(step, Acted):
         answer = _answer(step, ask, run)

@@ -251,17 +251,28 @@ def stricter(recorded: Decision | None, checked: Decision) -> Decision:
 
 # ------------------------------------------------------------------ approvals
 
-def approval_request(p: Proposal) -> ApprovalRequest:
+def approval_request(p: Proposal, sent: Any = None) -> ApprovalRequest:
+    """The request for `p`; `sent`: the arguments the server will receive when they differ from the call's
+    (a scope's bound arguments, `arguments_sent`): those are what is shown and approved."""
     reason = p.decision.reason if p.decision else None
     rehearsal = p.prediction.model_dump(mode="json") if p.prediction else None
-    return {"type": "tool_approval", "tool_call_id": p.call.id, "name": p.call.name, "args": p.call.arguments,
-            "description": describe(p), "rehearsal": rehearsal, "reason": reason}
+    args = p.call.arguments if sent is None else sent
+    return {"type": "tool_approval", "tool_call_id": p.call.id, "name": p.call.name, "args": args,
+            "description": describe(p, args), "rehearsal": rehearsal, "reason": reason}
 
 
-def describe(p: Proposal) -> str:
-    """What a reviewer reads: the call, every argument whole (`call_text`), why it needs approval, and
-    what rehearsal predicts it will return. Plain text with control characters shown (`visible`)."""
-    lines = [call_text(p.call.name, p.call.arguments)]
+def arguments_sent(backend: Any, call: ToolCall) -> Any:
+    """The arguments `backend` will send for `call` (a `ToolboxScope` adds its bound ones); the call's own
+    for a backend that changes none."""
+    adds = getattr(backend, "arguments_sent", None)
+    return adds(call.name, call.arguments) if callable(adds) else call.arguments
+
+
+def describe(p: Proposal, arguments: Any = None) -> str:
+    """What a reviewer reads: the call with every argument the server will receive, whole (`call_text`),
+    why it needs approval, and what rehearsal predicts it will return. Plain text with control characters
+    shown (`visible`)."""
+    lines = [call_text(p.call.name, p.call.arguments if arguments is None else arguments)]
     if p.decision is not None:
         lines.append(f"Why: {visible(p.decision.reason)}")
     lines.append(f"Rehearsed outcome: {outcome_text(p.prediction)}")

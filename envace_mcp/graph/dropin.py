@@ -145,13 +145,15 @@ class ToolCallRehearsal:
     async def awrap(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
         p = await self._decided(request)
         acted = await act_async(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
-                                regate=lambda call: self._regate(request, call))
+                                regate=lambda call: self._regate(request, call),
+                                sent=lambda call: _sent(request, call))
         return self._done(acted)
 
     def wrap(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
         p = run_sync(self._decided(request))  # the policy is async; a sync agent still gets its rehearsal
         acted = act_sync(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
-                         regate=lambda call: self._regate(request, call))
+                         regate=lambda call: self._regate(request, call),
+                         sent=lambda call: _sent(request, call))
         return self._done(acted)
 
     def _ask(self, request: calls.ApprovalRequest) -> Any:
@@ -175,3 +177,8 @@ class ToolCallRehearsal:
         if not self.record_key or not isinstance(reply, ToolMessage):
             return reply
         return Command(update={self.messages_key: [reply], self.record_key: [acted.record]})
+
+
+def _sent(request: Any, call: ToolCall) -> Any:
+    """The arguments the tool will send for `call`: an MCP tool's scope adds its bound ones."""
+    return calls.arguments_sent(getattr(request.tool, "scope", None), call)

@@ -60,6 +60,11 @@ class ToolboxScope:
             return full, None
         return None, tool_changed(name, arguments, expect, full)
 
+    def arguments_sent(self, name: str, arguments: Any) -> Any:
+        """What the server receives for a call to `name`: the model's arguments with the bound ones over
+        them (an approval shows these, not only what the model wrote)."""
+        return self._arguments(name, arguments)[0]
+
     def _view(self, spec: ToolSpec) -> ToolSpec:
         bound = self._bound(spec)
         return spec.without_parameters(bound) if bound else spec

@@ -343,3 +343,35 @@ async def test_a_tool_node_without_a_record_key_still_keeps_to_the_real_call_bud
     replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert [m.status for m in replies] == ["success", "success", "error"]
     assert "Not executed (budget)" in replies[2].content
+
+
+async def test_an_approval_shows_the_arguments_a_scope_binds_not_only_what_the_model_wrote():
+    """A scope's bound arguments replace the model's (`toolbox.scoped(bind=...)`): the reviewer sees the
+    values the server will receive, in the graph and in the middleware."""
+    from langchain.agents import create_agent
+    from probe_server import build as build_probe
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.policy.prompts import tool_call_text
+
+    probe = build_probe()
+    basket = {"customer": "model wrote this", "lines": [{"sku": "A", "qty": 1}]}
+    for form in ("graph", "middleware"):
+        reviewer = Reviewer(False)
+        async with Toolbox({"probe": probe}) as toolbox:
+            scope = toolbox.scoped(bind={"basket": {"customer": "bound-by-operator", "lines": [{"sku": "B", "qty": 2}]}})
+            start = {"messages": [HumanMessage(content="check out")]}
+            if form == "graph":
+                await create_envace_graph().compile().ainvoke(start, context=EnvaceContext(
+                    policy=ScriptedPolicy(act=[tool_call_text("checkout", {}), "Done."]), toolbox=scope,
+                    approve=reviewer, gate=GateConfig(rehearse="none")))
+            else:
+                model = ToolCallingFake(messages=iter([AIMessage(content="", tool_calls=[
+                    {"name": "checkout", "args": {"basket": basket}, "id": "k1"}]), AIMessage(content="Done.")]))
+                tools = scope.langchain_tools()
+                await create_agent(model, tools=tools, middleware=[RehearsalMiddleware(
+                    ScriptedPolicy(), tools=tools, approve=reviewer, gate=GateConfig(rehearse="none"))]).ainvoke(start)
+        (shown,) = reviewer.shown
+        assert shown["args"]["basket"]["customer"] == "bound-by-operator", form
+        assert "bound-by-operator" in shown["description"] and "model wrote this" not in shown["description"], form
+    assert probe.calls == []  # both refused by the reviewer

@@ -41,7 +41,8 @@ async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, A
     async def run(target: ToolCall, spec: ToolSpec | None) -> ToolResult:
         return await call_tool(ctx.toolbox, target, spec)
 
-    acted = await act_async(p, ask=lambda request: ask(ctx, request), run=run, regate=regate)
+    acted = await act_async(p, ask=lambda request: ask(ctx, request), run=run, regate=regate,
+                            sent=lambda target: calls.arguments_sent(ctx.toolbox, target))
     return {"messages": [acted.reply], "rehearsals": [acted.record], **({"real_calls": 1} if acted.ran else {})}
 
 
