@@ -205,45 +205,15 @@ def _gate(spec: str | None, defaults: dict[str, Any] | None = None, **overrides:
     """`rehearse=all,require_approval=destructive,max_steps=6` as a GateConfig: `defaults` under the
     spec, `overrides` (set options) over it. The values are checked by `gate_settings`, as a served
     graph's JSON gate and an adapter's recommendation are."""
-    import typing
-
     from envace_mcp.graph import GateConfig
-    from envace_mcp.graph.gate import gate_settings
+    from envace_mcp.graph.gate import gate_text
 
-    hints = typing.get_type_hints(GateConfig)
-    given: dict[str, Any] = {}
-    for item in filter(None, (spec or "").split(",")):
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip().replace("-", "_"), raw.strip()
-        if key in hints and not sep:
-            _fail(ValueError(f"--gate: {key!r} needs a value ({key}=...)"))
-        given[key] = _gate_value(raw, hints.get(key))
     try:
-        values = {**(defaults or {}), **gate_settings(given, "--gate")}
+        values = {**(defaults or {}), **gate_text(spec or "", "--gate")}
     except EnvaceError as exc:
         _fail(exc)
     values.update({k: v for k, v in overrides.items() if v is not None})
     return GateConfig(**values)
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _gate_value(raw: str, hint: Any) -> Any:
-    """One `--gate` value as JSON would give it: typed like the GateConfig field it sets where the text
-    reads as that type, else left as text for `gate_settings` to refuse."""
-    import typing
-
-    if hint is None or typing.get_origin(hint) is typing.Literal:
-        return raw
-    if hint is bool:
-        return True if raw.lower() in _TRUE else False if raw.lower() in _FALSE else raw
-    if type(None) in typing.get_args(hint) and raw.lower() == "none":
-        return None
-    try:
-        return float(raw) if hint is float else int(raw)
-    except ValueError:
-        return raw
 
 
 def _sampling(max_new_tokens: int, temperature: float, seed: int,

@@ -96,7 +96,7 @@ class EvalSettings:
             parts.append(f"rehearse_tokens={self.rehearse_max_new_tokens}")
         from envace_mcp.graph.gate import GateConfig
 
-        default = asdict(GateConfig(**UNATTENDED))  # two gates on one adapter are two configurations: name what differs
+        default = asdict(GateConfig(**UNATTENDED))  # two gates on one adapter: two configurations; name what differs
         changed = {k: v for k, v in sorted(self.gate.items()) if default.get(k) != v}
         if changed:
             parts.append("gate:" + ",".join(f"{k}={v}" for k, v in changed.items()))
@@ -170,7 +170,7 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
-    gate = GateConfig(**{**UNATTENDED, **gate_settings(settings.gate, "EvalSettings.gate")})  # a bad one writes nothing
+    gate = GateConfig(**gate_settings(settings.gate, "EvalSettings.gate"))  # a bad one writes nothing; run_task: UNATTENDED
     done = finished_runs(out, settings)
     out.mkdir(parents=True, exist_ok=True)
     journal = _open_journal(out, settings)

@@ -12,8 +12,7 @@ from envace_mcp.errors import UserError
 from envace_mcp.eval.metrics import call_f1
 from envace_mcp.eval.suites import TaskSuite
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
-from envace_mcp.graph.gate import UNATTENDED
-from envace_mcp.graph.gate import Mode
+from envace_mcp.graph.gate import UNATTENDED, Mode
 from envace_mcp.servers._common import CheckResult, Task
 
 
@@ -57,7 +56,7 @@ async def run_task(
     from envace_mcp.graph.tts import condense, imagine
     from envace_mcp.traces import Reward, record_run
 
-    gate = gate or GateConfig(**UNATTENDED)
+    gate = gate or GateConfig()
     if approve is None:
         gate = dataclasses.replace(gate, **UNATTENDED)
     episode = suite.episode(task)

@@ -161,7 +161,8 @@ class ToolCallRehearsal:
 
     def _regate(self, request: Any, edited: ToolCall) -> Proposal:
         """A reviewer's edit, validated and gated as the EnvACE graph's act node does it."""
-        return calls.gate([Proposal(edited, self._spec_named(edited.name, request))], mode=self.mode, config=self.gate)[0]
+        spec = self._spec_named(edited.name, request)
+        return calls.gate([Proposal(edited, spec)], mode=self.mode, config=self.gate)[0]
 
     def _running(self, request: Any, call: ToolCall) -> Any:
         """The handler's request for `call`: the proposed one, or a reviewer's edit (to its own tool)."""

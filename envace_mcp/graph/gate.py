@@ -126,6 +126,40 @@ def gate_settings(settings: Any, where: str, allowed: tuple[str, ...] | None = N
     return dict(settings)
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def gate_text(text: str, where: str) -> dict[str, Any]:
+    """Gate settings written as `rehearse=all,require_approval=destructive,max_steps=6` (`--gate`,
+    `ENVACE_GATE`): each value typed like the GateConfig field it sets where the text reads as that type
+    (`yes`/`no` for a bool, `none` where the field allows it), then checked by `gate_settings`. A field
+    named without a value is a UserError starting with `where`."""
+    hints = get_type_hints(GateConfig)
+    given: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip().replace("-", "_"), raw.strip()
+        if key in hints and not sep:
+            raise UserError(f"{where}: {key!r} needs a value ({key}=...)")
+        given[key] = _typed(raw, hints.get(key))
+    return gate_settings(given, where)
+
+
+def _typed(raw: str, hint: Any) -> Any:
+    """One value as JSON would give it, typed like its field where the text reads so; else the text, for
+    `gate_settings` to refuse."""
+    if hint is None or get_origin(hint) is Literal:
+        return raw
+    if hint is bool:
+        return True if raw.lower() in _TRUE else False if raw.lower() in _FALSE else raw
+    if type(None) in get_args(hint) and raw.lower() == "none":
+        return None
+    try:
+        return float(raw) if hint is float else int(raw)
+    except ValueError:
+        return raw
+
+
 def _expected(key: str, hint: Any, value: Any) -> str | None:
     """What GateConfig's `key` takes, when `value` is not that; None when it is."""
     if get_origin(hint) is Literal:

@@ -18,8 +18,9 @@ wrappers first-listed outermost):
 
 so a call is limited, then rehearsed, then shown to the reviewer with its rehearsed outcome; an
 edited call is rehearsed again before it runs. With `HumanInTheLoopMiddleware` reviewing calls, give
-this middleware `gate=GateConfig(require_approval="never")`, or each destructive call is asked twice. Given `tools`, the middleware rehearses each turn's
-calls right after the model (`after_model`); without, each call is rehearsed when it is about to run.
+this middleware `gate=GateConfig(require_approval="never")`, or each destructive call is asked twice.
+Given `tools`, the middleware rehearses each turn's calls right after the model (`after_model`);
+without, each call is rehearsed when it is about to run.
 The gate's own `require_approval` (by default: every destructive call) asks through `approve` or
 LangGraph's `interrupt()`, in LangChain's `ToolApprovalRequest` shape (create_agent runs each call as its
 own task, so resuming runs no call twice). Tool-call ids the model repeated are made unique right after

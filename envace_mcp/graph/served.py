@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
 from envace_mcp.errors import UserError
-from envace_mcp.graph.gate import GateConfig, Mode, adapter_gate, gate_settings
+from envace_mcp.graph.gate import GateConfig, Mode, adapter_gate, gate_settings, gate_text
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.embedded import default_adapter
 
@@ -130,25 +130,18 @@ class Deployment:
             raise UserError(f"ENVACE_ALLOW_CONTEXT: unknown {', '.join(sorted(allow - set(CALLER_CHOICES)))}; "
                             f"known: {', '.join(CALLER_CHOICES)}")
         return cls(**{name: env.get(var) or None for name, var in _ENV.items() if name != "mode"}, mode=mode,
-                   gate=gate_settings(_parse_gate(env.get("ENVACE_GATE", "")), "ENVACE_GATE"), allow=allow)
+                   gate=_deployed_gate(env.get("ENVACE_GATE", "")), allow=allow)
 
 
-def _parse_gate(text: str) -> Any:
-    """`ENVACE_GATE`: a JSON object, or `key=value,...` with each value read as JSON where it reads so
-    (`none` too, as `--gate` takes it), else as text."""
-    if text.strip().startswith("{"):
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise UserError(f"ENVACE_GATE: not a JSON object ({exc})") from None
-    settings: dict[str, Any] = {}
-    for item in filter(None, (i.strip() for i in text.split(","))):
-        key, _, raw = item.partition("=")
-        try:
-            settings[key.strip()] = None if raw.strip().lower() == "none" else json.loads(raw)
-        except ValueError:
-            settings[key.strip()] = raw.strip()
-    return settings
+def _deployed_gate(text: str) -> dict[str, Any]:
+    """`ENVACE_GATE`: a JSON object, or `key=value,...` as `--gate` takes it (`gate.gate_text`)."""
+    if not text.strip().startswith("{"):
+        return gate_text(text, "ENVACE_GATE")
+    try:
+        settings = json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"ENVACE_GATE: not a JSON object ({exc})") from None
+    return gate_settings(settings, "ENVACE_GATE")
 
 
 def loosened(deployed: GateConfig, settings: Mapping[str, Any], whose: str = "the deployment's") -> str | None:

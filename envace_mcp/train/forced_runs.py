@@ -13,7 +13,7 @@ from envace_mcp.graph import EnvaceContext, GateConfig
 from envace_mcp.graph.gate import UNATTENDED
 from envace_mcp.traces import record_run
 
-EVERY_CALL_RUNS = GateConfig(rehearse="all", **UNATTENDED, feedback_on_predicted_error=False,
+EVERY_CALL_RUNS = GateConfig(rehearse="all", feedback_on_predicted_error=False,
                              block_destructive_on_predicted_failure=False)
 """Every call is rehearsed and really runs, whatever the rehearsal predicted: measuring the world model
 on real calls, and probes (each perturbed call must reach the server)."""

@@ -10,7 +10,6 @@ from typing import Any
 from envace_mcp.eval import get_suite
 from envace_mcp.eval.reference import reference_roles
 from envace_mcp.graph import GateConfig, create_envace_graph
-from envace_mcp.graph.gate import UNATTENDED
 from envace_mcp.policy.forced import ForcedPolicy
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import Reward, TraceStore
@@ -43,12 +42,12 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
             notes, kinds = None, None
             if rehearsed:
                 paths = imagined_paths(task, suite, schemas, valid, n=rehearsed, rng=random.Random(f"{seed}:{task.id}"))
-                notes = await imagined_notes(graph, toolbox, suite, task, model, GateConfig(**UNATTENDED), paths)
+                notes = await imagined_notes(graph, toolbox, suite, task, model, GateConfig(), paths)
                 kinds = [kind for kind, _ in paths]
             roles = reference_roles(suite, task, rehearse_format=getattr(model, "rehearse_format", "simulator"))
             if own_rehearsals:
                 roles.pop("rehearse", None)
-            gate = EVERY_CALL_RUNS if own_rehearsals else GateConfig(rehearse="all", **UNATTENDED)
+            gate = EVERY_CALL_RUNS if own_rehearsals else GateConfig(rehearse="all")
             episode, state, trace = await forced_run(graph, toolbox, suite, task, ForcedPolicy(model, **roles, score=score),
                                                      gate, sampling, notes=notes)
             if kinds:
