@@ -140,7 +140,8 @@ async def test_the_rehearsing_tool_node_is_a_tool_node_with_its_options_and_tool
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         node = RehearsingToolNode([*toolbox.langchain_tools(meta=episode.meta), whoami, flaky], policy,
-                                  gate=GateConfig(require_approval="never"), record_key="rehearsals", messages_key="chat", handle_tool_errors=True)
+                                  gate=GateConfig(require_approval="never"), record_key="rehearsals", messages_key="chat",
+                                  handle_tool_errors=True)
         assert isinstance(node, ToolNode)
 
         async def call_model(state: State):

@@ -86,14 +86,15 @@ def test_an_unreachable_server_is_a_clear_error_at_once():
 
 
 class _Routes:
-    """A local HTTP server answering vLLM's adapter routes as told (`answers`: path -> status), and
-    recording the paths it was sent: how a swap is sequenced, on servers with and without `/pause`."""
+    """A local HTTP server answering vLLM's adapter routes as told (`answers`: path -> status) and `GET
+    /v1/models`, recording the paths it was sent (how a swap is sequenced, on servers with and without
+    `/pause`) and each request's Authorization header (what key reached it)."""
 
-    def __init__(self, answers: dict[str, int]) -> None:
+    def __init__(self, answers: dict[str, int] | None = None) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        self.answers, self.paths = answers, []
+        self.answers, self.paths, self.seen = dict(answers or {}), [], []
         routes = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -101,7 +102,13 @@ class _Routes:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 routes.paths.append(self.path)
                 status = routes.answers.get(self.path.split("?")[0], 404)
-                body = b'{"status": "ok"}' if status < 400 else b'{"detail": "Not Found"}'
+                self._answer(status, b'{"status": "ok"}' if status < 400 else b'{"detail": "Not Found"}')
+
+            def do_GET(self):  # noqa: N802 - the stdlib's name
+                routes.seen.append(self.headers.get("Authorization"))
+                self._answer(200, b'{"data": [{"id": "base"}]}')
+
+            def _answer(self, status: int, body: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -147,46 +154,14 @@ def test_an_adapter_swap_pauses_generation_where_the_server_can(tiny_qwen3_dir, 
         routes.close()
 
 
-class _Models:
-    """A local server answering `GET /v1/models` and recording the Authorization header of each request."""
-
-    def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.seen: list[str | None] = []
-        models = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - the stdlib's name
-                models.seen.append(self.headers.get("Authorization"))
-                body = b'{"data": [{"id": "base"}]}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.port = self.server.server_address[1]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_only_vllm_api_key_or_an_explicit_key_is_sent_never_another_services_key(tiny_qwen3_dir, monkeypatch):
     from transformers import AutoTokenizer
 
     from envace_mcp.policy.vllm import VLLMPolicy
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
-    server = _Models()
-    url = f"http://127.0.0.1:{server.port}/v1"
+    server = _Routes()
+    url = server.url
     try:
         monkeypatch.delenv("VLLM_API_KEY", raising=False)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-not-for-this-server")
@@ -205,9 +180,9 @@ def test_credentials_in_the_servers_address_stay_out_of_the_policys_name_and_mes
     from envace_mcp.policy.vllm import VLLMPolicy
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    server = _Models()
+    server = _Routes()
     try:
-        policy = VLLMPolicy.from_url(f"http://alice:hunter2@127.0.0.1:{server.port}/v1",
+        policy = VLLMPolicy.from_url(server.url.replace("http://", "http://alice:hunter2@"),
                                      tokenizer=AutoTokenizer.from_pretrained(tiny_qwen3_dir))
         assert server.seen == ["Basic YWxpY2U6aHVudGVyMg=="]  # the credentials still reach the server itself
         assert "hunter2" not in policy.name and "hunter2" not in policy.url and "***@127.0.0.1" in policy.name
