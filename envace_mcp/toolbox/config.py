@@ -131,6 +131,14 @@ def load_servers(source: str | Path | Mapping[str, Any]) -> dict[str, ServerSpec
         raw = source
     if not isinstance(raw, Mapping):
         raise ConfigError("server config must be a JSON object")
+    if "mcpServers" not in raw and "servers" not in raw:  # a bare name → server mapping, unless a key is a typo
+        import difflib
+
+        for key, value in raw.items():
+            entry = isinstance(value, Mapping) and any(k in value for k in ("command", "url", "transport", "type"))
+            if (isinstance(key, str) and not entry
+                    and difflib.get_close_matches(key.lower(), ["mcpservers", "servers"], n=1, cutoff=0.75)):
+                raise ConfigError(f"{key!r} would be read as a server's name; did you mean 'mcpServers'?")
     entries = raw.get("mcpServers", raw) if "mcpServers" in raw or "servers" not in raw else raw["servers"]
     if not isinstance(entries, Mapping):
         raise ConfigError("'mcpServers' must be an object mapping names to servers")

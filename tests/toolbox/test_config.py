@@ -45,6 +45,8 @@ def test_in_process_server_objects_stand_in_for_entries():
         ({"mcpServers": {"x": 42}}, "expected an object"),
         ({"mcpServers": {}}, "no servers"),
         ({"mcpServers": []}, "must be an object"),
+        ({"mcpServer": {"bank": {"command": "srv"}}}, "'mcpServer' would be read as a server's name; did you mean 'mcpServers'"),
+        ({"mcp_servers": {"bank": {"command": "srv"}}}, "did you mean 'mcpServers'"),
     ],
 )
 def test_malformed_configs_get_a_clear_error_naming_the_problem(config, message):
@@ -59,3 +61,7 @@ def test_a_missing_or_torn_config_file_is_reported(tmp_path):
     torn.write_text('{"mcpServers": {"s": {"comm')
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_servers(torn)
+
+
+def test_a_server_named_like_the_key_is_still_a_server():
+    assert list(load_servers({"server": {"command": "srv"}})) == ["server"]
