@@ -110,7 +110,7 @@ QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_cal
 def _corpus() -> list[str]:
     import json
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy import prompts
 
     texts = [prompts.ACT_SYSTEM, prompts.SIMULATOR_SYSTEM, prompts.CRITIC_SYSTEM, prompts.TOOLS_BLOCK_HEAD,

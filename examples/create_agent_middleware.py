@@ -17,7 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
 from envace_mcp import Toolbox
-from envace_mcp.eval import Episode, get_suite
+from envace_mcp.envs import Episode, get_suite
 from envace_mcp.graph.middleware import RehearsalMiddleware
 from envace_mcp.policy import SamplingParams, load_policy
 

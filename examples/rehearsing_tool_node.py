@@ -16,7 +16,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from envace_mcp import Toolbox
-from envace_mcp.eval import Episode, get_suite
+from envace_mcp.envs import Episode, get_suite
 from envace_mcp.graph.tool_node import RehearsingToolNode
 from envace_mcp.policy import SamplingParams, load_policy
 

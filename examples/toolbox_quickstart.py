@@ -8,7 +8,7 @@ import sys
 import anyio
 
 from envace_mcp import Toolbox
-from envace_mcp.eval import Episode, get_suite
+from envace_mcp.envs import Episode, get_suite
 
 
 async def main() -> None:

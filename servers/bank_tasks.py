@@ -10,8 +10,9 @@ import random
 from functools import lru_cache
 from typing import Any
 
+from envace_mcp.envs.task import Action, CheckResult, Requirement, Task, check_task, money
+
 from . import bank_domain as bank
-from ._common import Action, CheckResult, Requirement, Task, check_task, money
 
 TRAIN_PER_KIND, TEST_PER_KIND = 22, 8
 

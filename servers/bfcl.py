@@ -28,7 +28,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._common import EPISODE_KEY, TASK_KEY, meta_dict
+from envace_mcp.envs.episode import EPISODE_KEY, TASK_KEY
+
+from ._common import meta_dict
 
 CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
            "VehicleControlAPI")

@@ -18,7 +18,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from ._common import STATE_URI, DomainError, EpisodeStore, dump_state, request_meta, serve
+from envace_mcp.envs.episode import STATE_URI
+from envace_mcp.envs.task import DomainError
+
+from ._common import EpisodeStore, dump_state, request_meta, serve
 from .retail_domain import POLICY, WRITE_TOOLS, apply  # noqa: F401 - the server module is the domain's face (Suite.server_module)
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import DomainError, money
+from envace_mcp.envs.task import DomainError, money
 
 
 POLICY = """\

@@ -45,7 +45,7 @@ def bank_catalog():
     """The bank server's catalog entries, read through a real in-process MCP session."""
     import anyio
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.toolbox import Toolbox
 
     async def read():

@@ -68,7 +68,7 @@ def servers_serve(
     rebinding; a --host off loopback needs --allow-remote, since the server has no authentication.
     """
     from envace_mcp.cli._common import err_console
-    from envace_mcp.servers._common import http_security, is_loopback, remote_refusal
+    from envace_mcp.servers.security import http_security, is_loopback, remote_refusal
 
     allowed = allowed_host or []
     refusal = remote_refusal(host, allow_remote, allowed) if transport == "http" else None

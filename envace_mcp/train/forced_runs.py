@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.eval import Episode
+from envace_mcp.envs.episode import Episode
 from envace_mcp.graph import EnvaceContext, GateConfig
 from envace_mcp.graph.gate import UNATTENDED
 from envace_mcp.traces import record_run
@@ -28,7 +27,7 @@ async def forced_run(graph: Any, toolbox: Any, suite: Any, task: Any, policy: An
     server: the gate runs `UNATTENDED` (its other rules as given)."""
     episode = Episode(task, suite.name)
     context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
-                            gate=dataclasses.replace(gate, **UNATTENDED),
+                            gate=gate.model_copy(update=UNATTENDED),
                             instructions=suite.server_module.POLICY, sampling=sampling or {})
     start = {"messages": [HumanMessage(content=task.instruction)], **({"notes": notes} if notes else {})}
     state, trace = await record_run(graph, start, context=context,

@@ -1,4 +1,4 @@
-"""Fresh rollouts for GRPO: K runs of one task (`eval.runner.run_task`), concurrent, so their
+"""Fresh rollouts for GRPO: K runs of one task (`envs.runner.run_task`), concurrent, so their
 generations share the policy's batches; each recorded and scored by the suite's checker.
 
 Rewards are the checker's (a pure named function returning value + details): on the episode's final
@@ -11,18 +11,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from envace_mcp.eval.runner import run_task
-from envace_mcp.graph import GateConfig
+from envace_mcp.envs.runner import run_task
+from envace_mcp.envs.task import Task
+from envace_mcp.graph import GateConfig, RunLimits
 from envace_mcp.graph.gate import Mode
-from envace_mcp.servers._common import Task
 from envace_mcp.traces import Trace
 
 
 async def rollout_group(suite: Any, task: Task, policy: Any, *, k: int = 4, mode: Mode = "simulated",
                         toolbox: Any = None, tools: list[Any] | None = None, gate: GateConfig | None = None,
-                        sampling: dict[str, Any] | None = None, group_id: str | None = None) -> list[Trace]:
+                        limits: RunLimits | None = None, sampling: dict[str, Any] | None = None,
+                        group_id: str | None = None) -> list[Trace]:
     """K concurrent runs of `task` (one GRPO group), each a fresh episode."""
     runs = await asyncio.gather(*(run_task(suite, task, policy=policy, toolbox=None if mode == "simulated" else toolbox,
-                                           mode=mode, gate=gate, sampling=sampling, tools=tools,
+                                           mode=mode, gate=gate, limits=limits, sampling=sampling, tools=tools,
                                            group_id=group_id or task.id) for _ in range(k)))
     return [run.trace for run in runs]

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from envace_mcp.eval.metrics import call_match, paired_difference, pass_at_k, pass_hat_k, prf, summarize
+from envace_mcp.envs.rewards import call_match, prf
+from envace_mcp.eval.metrics import paired_difference, pass_at_k, pass_hat_k, summarize
 
 
 def test_tool_call_precision_recall_f1_count_each_reference_call_once():

@@ -5,10 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from envace_mcp.eval import get_suite, run_task
-from envace_mcp.eval.reference import reference_roles
+from envace_mcp.envs import Action, get_suite, run_task
+from envace_mcp.envs.reference import reference_roles
 from envace_mcp.graph import GateConfig
-from envace_mcp.servers._common import Action
 from envace_mcp.testing import FunctionPolicy
 from envace_mcp.toolbox import Toolbox
 

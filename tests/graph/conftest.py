@@ -1,6 +1,6 @@
 import pytest
 
-from envace_mcp.eval import get_suite
+from envace_mcp.envs import get_suite
 
 
 @pytest.fixture

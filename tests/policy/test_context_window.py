@@ -76,7 +76,7 @@ async def test_a_rehearsal_past_the_context_is_unusable_not_a_crash(policy, rehe
 
 
 async def test_a_graph_run_whose_prompt_outgrows_the_context_ends_without_calling_anything(policy):
-    from envace_mcp.eval import Episode, get_suite
+    from envace_mcp.envs import Episode, get_suite
     from envace_mcp.graph import EnvaceContext, create_envace_graph
     from envace_mcp.toolbox import Toolbox
 

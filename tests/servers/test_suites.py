@@ -5,9 +5,9 @@ import re
 import anyio
 import pytest
 
-from envace_mcp.eval import get_suite, run_reference
+from envace_mcp.envs import get_suite, run_reference
+from envace_mcp.envs.task import Requirement, numbers_in
 from envace_mcp.servers import DOMAINS
-from envace_mcp.servers._common import Requirement, numbers_in
 from envace_mcp.toolbox import Toolbox
 
 
@@ -95,7 +95,7 @@ async def test_reference_runs_score_one_and_incomplete_or_careless_runs_score_le
 def test_the_checker_reads_the_answer_for_required_numbers_and_phrases(suite):
     task = next(t for t in suite.tasks if any(r.kind == "number" for r in t.requirements))
     final = task.initial_state
-    from envace_mcp.servers._common import replay
+    from envace_mcp.envs import replay
 
     final = replay(task.initial_state, task.actions, suite.server_module.apply)
     assert suite.check(task, final, task.answer).score == 1.0

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from envace_mcp.eval import get_suite, run_reference
+from envace_mcp.envs import get_suite, run_reference
 from envace_mcp.toolbox import Toolbox
 
 pytestmark = pytest.mark.anyio

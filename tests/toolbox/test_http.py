@@ -7,8 +7,8 @@ import anyio
 import pytest
 
 from helpers import PROBE
-from envace_mcp.eval import get_suite, run_reference
-from envace_mcp.eval.suites import free_port, wait_for_port
+from envace_mcp.envs import get_suite, run_reference
+from envace_mcp.envs.launch import free_port, wait_for_port
 from envace_mcp.toolbox import Toolbox
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,8 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     tag = f"rank{rank}" if "WORLD_SIZE" in os.environ else "single"
     for index, overrides in enumerate(json.loads(sys.argv[4])):
-        config = GRPOConfig(**{"lr": 1e-2, "steps": 1, "groups_per_step": 2, "micro_batch": 2, "lora": False, **overrides})
+        config = GRPOConfig(**{"lr": 1e-2, "steps": 1, "groups_per_step": 2, "lora": False, **overrides,
+                               "performance": {"micro_batch": 2, **overrides.get("performance", {})}})
         trainer = OfflineGRPO(config, traces, out / f"{tag}-{index}", model=AutoModelForCausalLM.from_pretrained(model_dir),
                               tokenizer=AutoTokenizer.from_pretrained(model_dir))
         trainer.run()

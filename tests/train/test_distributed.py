@@ -14,7 +14,8 @@ from envace_mcp.traces import TraceStore
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "traces"
 WORKER = Path(__file__).parent / "ddp_worker.py"
-CONFIGS = [{}, {"loss_type": "sequence_mean", "scale_rewards": "batch", "advantage": "trajectory", "share_prefix": False},
+CONFIGS = [{}, {"loss_type": "sequence_mean", "scale_rewards": "batch", "advantage": "trajectory",
+            "performance": {"share_prefix": False}},
            {"groups_per_step": 1}]  # rank 1 gets no group: it must still join the all-reduce
 
 

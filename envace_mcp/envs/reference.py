@@ -10,19 +10,21 @@ from — act tokens from successful runs, rehearse tokens matched to real result
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, AnyMessage
 
-from envace_mcp.eval.suites import Suite
+from envace_mcp.envs.suites import TaskSuite
+from envace_mcp.envs.task import Action, Task
 from envace_mcp.policy.prompts import tool_call_text, tool_reply_text
 from envace_mcp.policy.types import ActRequest, RehearseRequest
-from envace_mcp.servers._common import Task
+from envace_mcp.traces.schema import RehearseFormat
 
 
-def reference_roles(suite: Suite, task: Task, *, answer: str | None = None, actions: list[Any] | None = None,
-                    rehearse_format: str = "simulator") -> dict[str, Callable[[Any], str]]:
+def reference_roles(suite: TaskSuite, task: Task, *, answer: str | None = None,
+                    actions: Sequence[Action] | None = None,
+                    rehearse_format: RehearseFormat = "simulator") -> dict[str, Callable[[Any], str]]:
     """`rehearse_format` "inline": the rehearse function returns the tool's reply as the server writes
     it (`prompts.tool_reply_text`), the content of the tool turn the model continues with."""
     steps = list(task.actions if actions is None else actions)
@@ -41,12 +43,13 @@ def reference_roles(suite: Suite, task: Task, *, answer: str | None = None, acti
     return {"act": act, "rehearse": _rehearse(suite, task, steps, inline)}
 
 
-def calls_made(messages: list[Any]) -> int:
+def calls_made(messages: Sequence[AnyMessage]) -> int:
     """How many tool-calling turns the agent has taken in `messages` (which reference step is next)."""
     return sum(1 for m in messages if isinstance(m, AIMessage) and m.tool_calls)
 
 
-def _rehearse(suite: Suite, task: Task, steps: list[Any], inline: bool = False) -> Callable[[Any], str]:
+def _rehearse(suite: TaskSuite, task: Task, steps: list[Action],
+              inline: bool = False) -> Callable[[RehearseRequest], str]:
     def rehearse(request: RehearseRequest) -> str:
         done = calls_made(request.history)
         result = suite.reference_result(task, steps[:done], request.call.name, dict(request.call.arguments))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from envace_mcp.envs.suites import Suite, TaskSuite
 from envace_mcp.errors import UserError
-from envace_mcp.eval.suites import Suite, TaskSuite
 
 _SUITES = ("bank", "retail")
 
@@ -20,12 +20,12 @@ _EXTERNAL = ("tau2-airline", "tau2-retail", "bfcl-base", "bfcl-miss_func", "bfcl
 def get_suite(name: str, seed: int = 0) -> TaskSuite:
     """A bundled suite (`Suite`) or an external benchmark's adapter with the same interface."""
     if name in _EXTERNAL and name.startswith("tau2-"):
-        from envace_mcp.eval.tau2 import Tau2Suite
+        from envace_mcp.envs.tau2 import Tau2Suite
 
         return Tau2Suite(name.removeprefix("tau2-"))
     if name in _EXTERNAL:
-        from envace_mcp.eval.bfcl import BfclSuite
-        from envace_mcp.eval.bfcl_ast import AST_CATEGORIES, BfclAstSuite
+        from envace_mcp.envs.bfcl import BfclSuite
+        from envace_mcp.envs.bfcl_ast import AST_CATEGORIES, BfclAstSuite
 
         category = name.removeprefix("bfcl-")
         return BfclAstSuite(category) if category in AST_CATEGORIES else BfclSuite(category)

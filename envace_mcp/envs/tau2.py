@@ -33,18 +33,22 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from langchain_core.messages import AIMessage
 
+from envace_mcp.envs.episode import EpisodeToolbox
+from envace_mcp.envs.launch import module_args
+from envace_mcp.envs.suites import find_task, split_tasks
+from envace_mcp.envs.task import Action, Check, CheckResult, Requirement, Task
 from envace_mcp.errors import UserError
-from envace_mcp.servers._common import Action, Check, CheckResult, Requirement, Task, module_args
-from envace_mcp.toolbox import ToolResult
+from envace_mcp.toolbox import ToolboxScope, ToolCatalog, ToolResult, ToolSpec
 
 STATE_KEY = "state_key"
 CONTROL_TOOLS = ("reset_state", "get_call_log")
@@ -68,7 +72,7 @@ class Tau2Suite:
         return ("stdio",)
 
     @cached_property
-    def module(self) -> Any:
+    def module(self) -> ModuleType:
         package, dist = _PACKAGES[self.domain]
         try:
             return importlib.import_module(f"{package}.server")
@@ -93,13 +97,9 @@ class Tau2Suite:
         return out
 
     def split(self, split: str) -> list[Task]:
-        from envace_mcp.eval.suites import split_tasks
-
         return split_tasks(self.tasks, split)
 
     def task(self, task_id: str) -> Task:
-        from envace_mcp.eval.suites import find_task
-
         return find_task(self, task_id)
 
     @cached_property
@@ -139,7 +139,7 @@ class Tau2Suite:
                 pass
         return db
 
-    def reference_result(self, task: Task, done: list[Any], name: str, arguments: dict[str, Any]) -> Any:
+    def reference_result(self, task: Task, done: Sequence[Action], name: str, arguments: dict[str, Any]) -> Any:
         """What the server answers for a call after the actions `done` (a perfect world model)."""
         db = self.replay([(a.tool, dict(a.arguments)) for a in done])
         try:
@@ -177,7 +177,7 @@ class Tau2Suite:
     def _golds(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    async def score(self, episode: Tau2Episode, toolbox: Any, state: dict[str, Any]) -> CheckResult:
+    async def score(self, episode: Tau2Episode, toolbox: EpisodeToolbox, state: dict[str, Any]) -> CheckResult:
         calls = await episode.call_log(toolbox)
         said = [str(m.content) for m in state.get("messages", []) if isinstance(m, AIMessage) and m.content]
         if state.get("final_answer"):
@@ -198,11 +198,11 @@ class Tau2Episode:
     def meta(self) -> dict[str, str]:
         return {}
 
-    def scope(self, toolbox: Any) -> Tau2View:
+    def scope(self, toolbox: EpisodeToolbox) -> Tau2View:
         hidden = [s.name for s in toolbox.catalog if s.server == self.server and s.remote_name in CONTROL_TOOLS]
         return Tau2View(toolbox.scoped(bind={STATE_KEY: self.key}, hide=hidden))
 
-    async def call_log(self, toolbox: Any) -> list[tuple[str, dict[str, Any]]]:
+    async def call_log(self, toolbox: EpisodeToolbox) -> list[tuple[str, dict[str, Any]]]:
         """The business calls the server recorded for this episode, in order."""
         spec = toolbox.catalog.lookup(self.server, "get_call_log")
         if spec is None:
@@ -217,18 +217,20 @@ class Tau2Episode:
 class Tau2View:
     """The agent's view of a τ² server: the τ² tool message as the result, errors flagged."""
 
-    def __init__(self, scope: Any) -> None:
+    def __init__(self, scope: ToolboxScope) -> None:
         self.inner = scope
 
     @property
-    def catalog(self) -> Any:
+    def catalog(self) -> ToolCatalog:
         return self.inner.catalog
 
-    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
-        return tool_message_view(await self.inner.call(name, arguments, timeout=timeout))
+    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None,
+                   expect: ToolSpec | None = None) -> ToolResult:
+        return tool_message_view(await self.inner.call(name, arguments, timeout=timeout, expect=expect))
 
-    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None) -> ToolResult:
-        return tool_message_view(self.inner.call_sync(name, arguments, timeout=timeout))
+    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None,
+                  expect: ToolSpec | None = None) -> ToolResult:
+        return tool_message_view(self.inner.call_sync(name, arguments, timeout=timeout, expect=expect))
 
 
 def tool_message_view(result: ToolResult) -> ToolResult:

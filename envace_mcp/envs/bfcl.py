@@ -19,20 +19,42 @@ from __future__ import annotations
 
 import ast
 import copy
+import importlib
 import inspect
 import json
 import re
+import sys
 import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import ModuleType
 from typing import Any
 
+from langchain_core.messages import HumanMessage
+
+from envace_mcp.envs.episode import EPISODE_KEY, TASK_KEY, EpisodeToolbox
+from envace_mcp.envs.launch import module_args
+from envace_mcp.envs.reference import calls_made
+from envace_mcp.envs.suites import find_task
+from envace_mcp.envs.task import Action, Check, CheckResult, Task
 from envace_mcp.errors import UserError
-from envace_mcp.servers._common import EPISODE_KEY, TASK_KEY, Action, Check, CheckResult, Task
+from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.types import ActRequest
+from envace_mcp.toolbox import ToolboxScope
+from envace_mcp.traces.schema import Trace
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 NEW_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
 """What BFCL says at a turn that reveals held-out functions (its function-calling-mode wording)."""
+BRIDGE = "envace_mcp.servers.bfcl"
+"""Our MCP bridge to BFCL's backends, loaded by name only when a BFCL suite is used (it needs bfcl-eval)."""
+
+
+def load_bridge() -> ModuleType:
+    """The bundled bridge server's module (`envace_mcp.servers.bfcl`): BFCL's data, backends and schemas."""
+    return importlib.import_module(BRIDGE)
 
 
 class EvalOnlySuite:
@@ -50,15 +72,11 @@ class EvalOnlySuite:
         return list(self.tasks) if split == "test" else []
 
     def task(self, task_id: str) -> Task:
-        from envace_mcp.eval.suites import find_task
-
         return find_task(self, task_id)
 
     @property
     def instructions(self) -> str:
-        from envace_mcp.servers import bfcl
-
-        return bfcl.INSTRUCTIONS
+        return load_bridge().INSTRUCTIONS
 
 
 @dataclass(frozen=True)
@@ -72,11 +90,10 @@ class BfclSuite(EvalOnlySuite):
         return ("inprocess", "stdio")
 
     @cached_property
-    def bridge(self) -> Any:
-        from envace_mcp.servers import bfcl
-
-        bfcl.data_dir()  # the install hint, early
-        return bfcl
+    def bridge(self) -> ModuleType:
+        module = load_bridge()
+        module.data_dir()  # the install hint, early
+        return module
 
     @cached_property
     def entries(self) -> dict[str, dict[str, Any]]:
@@ -91,18 +108,11 @@ class BfclSuite(EvalOnlySuite):
     def tasks(self) -> list[Task]:
         return [to_task(entry, self.ground_truth[i]) for i, entry in self.entries.items()]
 
-
-    def servers(self, transport: str = "inprocess") -> Any:
-        from contextlib import nullcontext
-
+    def servers(self, transport: str = "inprocess") -> AbstractContextManager[dict[str, Any]]:
         if transport == "inprocess":
             return nullcontext({"bfcl": self.bridge.build_server()})
         if transport == "stdio":
-            import sys
-
-            from envace_mcp.servers._common import module_args
-
-            return nullcontext({"bfcl": {"command": sys.executable, "args": module_args("envace_mcp.servers.bfcl")}})
+            return nullcontext({"bfcl": {"command": sys.executable, "args": module_args(BRIDGE)}})
         raise UserError(f"suite {self.name!r} runs over {', '.join(self.transports)}, not {transport!r}")
 
     def episode(self, task: Task) -> BfclEpisode:
@@ -114,7 +124,7 @@ class BfclSuite(EvalOnlySuite):
 
     # ------------------------------------------------------------------ scoring
 
-    def decoded(self, turn_traces: list[Any]) -> list[list[list[str]]]:
+    def decoded(self, turn_traces: list[Trace]) -> list[list[list[str]]]:
         """The calls each turn's model steps made that reached a backend, as BFCL call strings."""
         out = []
         for trace in turn_traces:
@@ -147,10 +157,10 @@ class BfclSuite(EvalOnlySuite):
         detail = f"{verdict.get('error_type', '')}: {verdict.get('error_message', '')}"[:500]
         return CheckResult(0.0, (Check("bfcl_multi_turn", False, detail),))
 
-    async def score(self, episode: BfclEpisode, toolbox: Any, state: dict[str, Any]) -> CheckResult:
+    async def score(self, episode: BfclEpisode, toolbox: EpisodeToolbox, state: dict[str, Any]) -> CheckResult:
         return self.check_calls(episode.task, self.decoded(state.get("turn_traces") or []))
 
-    def reference_result(self, task: Task, done: list[Any], name: str, arguments: dict[str, Any]) -> Any:
+    def reference_result(self, task: Task, done: Sequence[Action], name: str, arguments: dict[str, Any]) -> Any:
         """What the backends answer after the ground-truth calls `done`: fresh instances, replayed."""
         episodes = self.bridge.Episodes(capacity=1)
         made = episodes.instances("reference", task.id)
@@ -176,16 +186,11 @@ class BfclSuite(EvalOnlySuite):
         except ValueError:
             return text
 
-    def reference_act(self, task: Task) -> Any:
+    def reference_act(self, task: Task) -> Callable[[ActRequest], str]:
         """The ground truth's calls turn by turn (one call per model step), then a short answer."""
-        from langchain_core.messages import HumanMessage
-
-        from envace_mcp.eval.reference import calls_made
-        from envace_mcp.policy.prompts import tool_call_text
-
         per_turn = [[parse_call(c, self.bridge) for c in turn] for turn in self.ground_truth[task.id]]
 
-        def act(request: Any) -> str:
+        def act(request: ActRequest) -> str:
             # the first user message is the request's `task`; later ones are in the conversation
             users = [i for i, m in enumerate(request.messages) if isinstance(m, HumanMessage)]
             turn = len(users)
@@ -212,7 +217,7 @@ class BfclEpisode:
     def meta(self) -> dict[str, str]:
         return {EPISODE_KEY: self.key, TASK_KEY: self.task.id}
 
-    def scope(self, toolbox: Any) -> Any:
+    def scope(self, toolbox: EpisodeToolbox) -> ToolboxScope:
         """The task's classes' tools, without those still held out at this turn."""
         hidden = set(self.uninvolved)
         for turn, names in self.held_out.items():
@@ -227,14 +232,12 @@ def to_task(entry: dict[str, Any], truth: list[list[str]]) -> Task:
     for i, turn in enumerate(entry["question"]):
         text = "\n".join(str(m.get("content", "")) for m in turn if m.get("role") == "user").strip()
         said.append(text or (NEW_FUNCTIONS_PROMPT if i in held else ""))
-    from envace_mcp.servers import bfcl
-
-    actions = tuple(parse_call(c, bfcl) for turn in truth for c in turn)
+    actions = tuple(parse_call(c, load_bridge()) for turn in truth for c in turn)
     return Task(id=entry["id"], domain="bfcl", split="test", kind=entry["id"].rsplit("_", 1)[0],
                 instruction=said[0], turns=tuple(said[1:]), initial_state={}, actions=actions, answer="Done.")
 
 
-def parse_call(text: str, bridge: Any) -> Action:
+def parse_call(text: str, bridge: ModuleType) -> Action:
     """`mv(source='a', destination='b')` (positional arguments named from the backend's signature)."""
     node = ast.parse(text.strip(), mode="eval").body
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
@@ -248,9 +251,7 @@ def parse_call(text: str, bridge: Any) -> Action:
     return Action(name, arguments)
 
 
-def _parameters(name: str, bridge: Any) -> list[str]:
-    import importlib
-
+def _parameters(name: str, bridge: ModuleType) -> list[str]:
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
     cls = bridge.owner_of()[name]

@@ -1,34 +1,24 @@
-"""The bundled task suites and how to run one task as an isolated episode against its server."""
+"""Task suites: what `run_task` and `envace eval` need from one (`TaskSuite`), the bundled domains'
+suite (`Suite`), splits, and running a task's reference solution as one episode."""
 
 from __future__ import annotations
 
 import copy
 import importlib
-import json
-import socket
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
+from types import ModuleType
 from typing import Any, Literal, Protocol
 
+from envace_mcp.envs.episode import Episode, EpisodeToolbox, TaskEpisode
+from envace_mcp.envs.launch import free_port, module_args, wait_for_port
+from envace_mcp.envs.task import Action, CheckResult, DomainError, Task, replay
 from envace_mcp.errors import UserError
-from envace_mcp.traces.schema import STOPPED
-from envace_mcp.servers._common import (
-    EPISODE_KEY,
-    STATE_URI,
-    TASK_KEY,
-    CheckResult,
-    DomainError,
-    Task,
-    module_args,
-    replay,
-)
-from envace_mcp.toolbox import ToolResult
+from envace_mcp.traces.schema import STOPPED, Trace
 
 
 VALIDATION_EVERY = 8
@@ -94,11 +84,13 @@ class TaskSuite(Protocol):
 
     def servers(self, transport: str) -> AbstractContextManager[dict[str, Any]]: ...
 
-    def episode(self, task: Task) -> Any: ...
+    def episode(self, task: Task) -> TaskEpisode: ...
 
-    async def score(self, episode: Any, toolbox: Any, state: dict[str, Any]) -> CheckResult: ...
+    async def score(self, episode: Any, toolbox: EpisodeToolbox, state: dict[str, Any]) -> CheckResult:
+        """`episode` is one this suite's `episode()` made."""
+        ...
 
-    def reference_result(self, task: Task, done: Sequence[Any], name: str, arguments: dict[str, Any]) -> Any: ...
+    def reference_result(self, task: Task, done: Sequence[Action], name: str, arguments: dict[str, Any]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -109,11 +101,11 @@ class Suite:
     seed: int = 0
 
     @cached_property
-    def _tasks_module(self) -> Any:
+    def _tasks_module(self) -> ModuleType:
         return importlib.import_module(f"envace_mcp.servers.{self.name}_tasks")
 
     @cached_property
-    def server_module(self) -> Any:
+    def server_module(self) -> ModuleType:
         return importlib.import_module(f"envace_mcp.servers.{self.name}")
 
     @property
@@ -154,11 +146,11 @@ class Suite:
     def episode(self, task: Task) -> Episode:
         return Episode(task, self.name)
 
-    async def score(self, episode: Episode, toolbox: Any, state: dict[str, Any]) -> CheckResult:
+    async def score(self, episode: Episode, toolbox: EpisodeToolbox, state: dict[str, Any]) -> CheckResult:
         """The checker's verdict on an episode's final server state and the run's final answer."""
         return self.check(episode.task, await episode.final_state(toolbox), state.get("final_answer") or "")
 
-    def score_replayed(self, task: Task, trace: Any) -> CheckResult:
+    def score_replayed(self, task: Task, trace: Trace) -> CheckResult:
         """Score a run that had no server (simulated mode, EnvACE's training): its executed or simulated
         calls are applied with the domain's own functions to the task's initial state, then checked."""
         state = copy.deepcopy(task.initial_state)
@@ -173,7 +165,7 @@ class Suite:
                 continue
         return self.check(task, state, trace.final_answer or "")
 
-    def destructive_calls(self, task: Task, trace: Any) -> list[dict[str, Any]]:
+    def destructive_calls(self, task: Task, trace: Trace) -> list[dict[str, Any]]:
         """Each state-changing call a real-mode run proposed, what the gate did with it, and what it would
         have done: the call is tried with the domain's own functions on a copy of the state the run had
         reached (its executed calls replayed on the task's initial state), never on a server.
@@ -206,7 +198,7 @@ class Suite:
                 state = trial
         return out
 
-    def reference_result(self, task: Task, done: Sequence[Any], name: str, arguments: dict[str, Any]) -> Any:
+    def reference_result(self, task: Task, done: Sequence[Action], name: str, arguments: dict[str, Any]) -> Any:
         """What the server returns for a call after the actions `done`: a perfect world model."""
         state = replay(task.initial_state, list(done), self.server_module.apply)
         try:
@@ -224,7 +216,6 @@ class Suite:
         """An `mcpServers` entry that launches this suite's server over stdio."""
         return {"command": python or sys.executable,
                 "args": module_args(f"envace_mcp.servers.{self.name}", "--seed", str(self.seed))}
-
 
     @contextmanager
     def serve_http(self, port: int = 0, *, startup_timeout: float = 30.0) -> Iterator[str]:
@@ -249,7 +240,7 @@ class Suite:
                 proc.stderr.close()
 
 
-def require_sandbox(suite: Any) -> Any:
+def require_sandbox(suite: TaskSuite) -> Suite:
     """`suite`, if calls can be tried on it freely: a bundled domain with its own in-process server and a
     perfect world model (`Suite.reference_result`), as probes need; a clear error otherwise (τ², BFCL)."""
     if not hasattr(suite, "reference_result") or not hasattr(suite, "server_module"):
@@ -257,7 +248,7 @@ def require_sandbox(suite: Any) -> Any:
     return suite
 
 
-def find_task(suite: Any, task_id: str) -> Task:
+def find_task(suite: TaskSuite, task_id: str) -> Task:
     """A suite's task by id, or a clear error naming a few that exist."""
     for task in suite.tasks:
         if task.id == task_id:
@@ -266,52 +257,8 @@ def find_task(suite: Any, task_id: str) -> Task:
     raise UserError(f"no task {task_id!r} in suite {suite.name!r} (ids look like: {some}, ...)")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-            raise UserError(f"server exited with code {proc.returncode} before listening:\n{err}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise UserError(f"server did not listen on port {port} within {timeout:g} s")
-
-
-@dataclass
-class Episode:
-    """One run of one task: a private state key on the task's server, and what happened."""
-
-    task: Task
-    server: str
-    key: str = field(default_factory=lambda: uuid.uuid4().hex)
-    results: list[ToolResult] = field(default_factory=list)
-
-    @property
-    def meta(self) -> dict[str, str]:
-        """The `_meta` every call of this episode carries."""
-        return {EPISODE_KEY: self.key, TASK_KEY: self.task.id}
-
-    def scope(self, toolbox: Any) -> Any:
-        """The view of `toolbox` the agent gets for this episode."""
-        return toolbox.scoped(self.meta)
-
-    async def final_state(self, toolbox: Any) -> dict[str, Any]:
-        """The episode's state as the server holds it (the task's initial state if untouched)."""
-        text = await toolbox.read_resource(self.server, STATE_URI.format(episode=self.key))
-        state = json.loads(text) if text else None
-        return state if state is not None else self.task.initial_state
-
-
-async def run_reference(toolbox: Any, suite: Suite, task: Task, *, server: str | None = None,
-                        drop_last_write: bool = False, extra: Sequence[Any] = ()) -> tuple[Episode, CheckResult]:
+async def run_reference(toolbox: EpisodeToolbox, suite: Suite, task: Task, *, server: str | None = None,
+                        drop_last_write: bool = False, extra: Sequence[Action] = ()) -> tuple[Episode, CheckResult]:
     """Replay a task's reference actions through the toolbox as one episode, then check it.
 
     `drop_last_write` and `extra` (more actions) exist to show the checker catches incomplete or

@@ -3,13 +3,23 @@ one request, the functions it may call, no execution; the calls are scored by bf
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from langchain_core.messages import AIMessage, HumanMessage
+
+from envace_mcp.envs.bfcl import EvalOnlySuite, load_bridge
+from envace_mcp.envs.runner import TaskRun
+from envace_mcp.envs.task import Action, Check, CheckResult, Task
 from envace_mcp.errors import UserError
-from envace_mcp.eval.bfcl import EvalOnlySuite
-from envace_mcp.servers._common import Action, Check, CheckResult, Task
+from envace_mcp.policy.base import Policy
+from envace_mcp.policy.prompts import tool_call_text
+from envace_mcp.policy.types import ActRequest, Role, SamplingParams
+from envace_mcp.toolbox import ToolAnnotations, ToolSpec
+from envace_mcp.traces import Reward, TraceRecorder, TraceStore
 
 AST_CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
                   "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance"}
@@ -38,14 +48,12 @@ class BfclAstSuite(EvalOnlySuite):
 
     @cached_property
     def entries(self) -> dict[str, dict[str, Any]]:
-        from envace_mcp.servers import bfcl
-
+        bfcl = load_bridge()
         return {e["id"]: e for e in bfcl.read_jsonl(bfcl.data_dir() / self._file)}
 
     @cached_property
     def answers(self) -> dict[str, list[dict[str, Any]]]:
-        from envace_mcp.servers import bfcl
-
+        bfcl = load_bridge()
         path = bfcl.data_dir() / "possible_answer" / self._file
         if not path.exists():  # irrelevance: the answer is "no call"
             return {}
@@ -64,31 +72,24 @@ class BfclAstSuite(EvalOnlySuite):
                             if self.category == "irrelevance" else "Done."))
         return out
 
-
-    def servers(self, transport: str = "none") -> Any:
-        from contextlib import nullcontext
-
+    def servers(self, transport: str = "none") -> AbstractContextManager[dict[str, Any]]:
         return nullcontext({})
 
-    def tools(self, task: Task) -> list[Any]:
-        from envace_mcp.servers.bfcl import json_schema
-        from envace_mcp.toolbox import ToolAnnotations, ToolSpec
-
+    def tools(self, task: Task) -> list[ToolSpec]:
+        json_schema = load_bridge().json_schema
         return [ToolSpec.create(remote_name=f["name"], server="bfcl", description=f.get("description", ""),
                                 input_schema=json_schema(f.get("parameters") or {}), output_schema=None,
                                 annotations=ToolAnnotations()) for f in self.entries[task.id]["function"]]
 
-    def reference_act(self, task: Task) -> Any:
-        from envace_mcp.policy.prompts import tool_call_text
-
-        def act(request: Any) -> str:
+    def reference_act(self, task: Task) -> Callable[[ActRequest], str]:
+        def act(request: ActRequest) -> str:
             if not task.actions:
                 return task.answer
             return "\n".join(tool_call_text(a.tool, a.arguments) for a in task.actions)
 
         return act
 
-    def reference_result(self, task: Task, done: list[Any], name: str, arguments: dict[str, Any]) -> Any:
+    def reference_result(self, task: Task, done: Sequence[Action], name: str, arguments: dict[str, Any]) -> Any:
         raise UserError(f"{self.name} has no backend to simulate: its functions exist only as descriptions")
 
     def check_calls(self, task: Task, calls: list[dict[str, Any]]) -> CheckResult:
@@ -105,15 +106,9 @@ class BfclAstSuite(EvalOnlySuite):
         detail = "" if ok else f"{verdict.get('error_type', '')}: {'; '.join(map(str, verdict.get('error', [])))}"[:500]
         return CheckResult(float(ok), (Check("ast", ok, detail),))
 
-    async def run_one(self, task: Task, *, policy: Any, sampling: dict[str, Any], store: Any = None,
-                      group_id: str | None = None) -> Any:
+    async def run_one(self, task: Task, *, policy: Policy, sampling: dict[Role, SamplingParams],
+                      store: TraceStore | None = None, group_id: str | None = None) -> TaskRun:
         """One act turn with the task's functions; recorded as a trace, scored by the AST checker."""
-        from langchain_core.messages import AIMessage, HumanMessage
-
-        from envace_mcp.eval.runner import TaskRun
-        from envace_mcp.policy.types import ActRequest
-        from envace_mcp.traces import Reward, TraceRecorder
-
         recorder = TraceRecorder(task_id=task.id, suite=self.name, group_id=group_id, task=task.instruction,
                                  model=getattr(policy, "name", None),
                                  sampling={k: v.model_dump(mode="json") for k, v in sampling.items()})
