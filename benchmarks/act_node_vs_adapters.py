@@ -66,7 +66,7 @@ async def ours(calls: int, rounds: int) -> tuple[dict[str, list[float]], str, di
     from mcp import Client, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.graph import EnvaceContext, GateConfig
     from envace_mcp.graph.nodes.act import act
     from envace_mcp.testing import ScriptedPolicy

@@ -15,7 +15,7 @@ import time
 import anyio
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.eval import get_suite
+from envace_mcp.envs import get_suite
 from envace_mcp.policy import RehearseRequest, SamplingParams, ToolCall, load_policy
 from envace_mcp.engine.batcher import Batcher
 from envace_mcp.toolbox import Toolbox

@@ -50,8 +50,8 @@ def server_pids() -> set[int]:
 
 async def chaos(kills: int, runs: int, concurrency: int, calls: int = 5, seed: int = 0,
                 out: Path | None = None) -> dict[str, Any]:
-    from envace_mcp.eval import get_suite
-    from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+    from envace_mcp.envs import get_suite
+    from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
     from envace_mcp.policy.prompts import tool_call_text
     from envace_mcp.testing import ScriptedPolicy
     from envace_mcp.toolbox import Toolbox
@@ -84,7 +84,7 @@ async def chaos(kills: int, runs: int, concurrency: int, calls: int = 5, seed: i
         async def one(i: int, limiter: anyio.Semaphore) -> None:
             async with limiter:
                 context = EnvaceContext(policy=ScriptedPolicy(act=script), toolbox=toolbox,
-                                        gate=GateConfig(max_steps=calls + 2, require_approval="never"))
+                                        gate=GateConfig(require_approval="never"), limits=RunLimits(max_steps=calls + 2))
                 try:
                     state, trace = await record_run(graph, {"messages": [HumanMessage(content="balances")]},
                                                     context=context, store=store, task_id=f"run-{i}")

@@ -22,8 +22,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from envace_mcp.eval import get_suite
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.envs import get_suite
+from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
 from envace_mcp.policy.prompts import tool_call_text
 from envace_mcp.testing import ScriptedPolicy
 from envace_mcp.toolbox import Toolbox
@@ -61,7 +61,8 @@ async def main(steps: int, runs: int, rounds: int) -> None:
         plain = plain_agent(toolbox.langchain_tools(), steps, account)
 
         async def run_envace() -> None:
-            context = EnvaceContext(policy=ScriptedPolicy(act=script), toolbox=toolbox, gate=GateConfig(max_steps=steps + 2, require_approval="never"))
+            context = EnvaceContext(policy=ScriptedPolicy(act=script), toolbox=toolbox, gate=GateConfig(require_approval="never"),
+                                    limits=RunLimits(max_steps=steps + 2))
             out = await envace.ainvoke({"messages": [HumanMessage(content="balances")]}, context=context)
             assert out["final_answer"] == "done" and out["real_calls"] == steps, out.get("status")
 

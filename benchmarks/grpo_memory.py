@@ -44,12 +44,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prefix-cache-tokens", type=int, default=None,
-                        help="the rollout prefix cache (default: GRPOConfig.rollout_prefix_cache_tokens)")
-    parser.add_argument("--share-prefix", action="store_true", help="GRPOConfig.share_prefix (packed micro-batches)")
-    parser.add_argument("--micro-batch", type=int, default=None, help="GRPOConfig.micro_batch (default: its default)")
+                        help="the rollout prefix cache (default: GRPOConfig.performance.rollout_prefix_cache_tokens)")
+    parser.add_argument("--share-prefix", action="store_true", help="GRPOConfig.performance.share_prefix (packed micro-batches)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="GRPOConfig.performance.micro_batch (default: its default)")
     parser.add_argument("--adapter", default=None, help="start from this LoRA adapter ('embedded': the shipped one)")
     parser.add_argument("--skip-zero-advantage", action="store_true",
-                        help="GRPOConfig.skip_zero_advantage (off here: every segment goes through the update)")
+                        help="GRPOConfig.performance.skip_zero_advantage (off here: every segment goes through the update)")
     parser.add_argument("--rollouts-only", action="store_true", help="stop before the first update")
     ns = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,7 +57,7 @@ def main() -> None:
 
     import anyio
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy import SamplingParams
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
@@ -71,8 +71,9 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=1.0)
     with tempfile.TemporaryDirectory() as out:
         # every segment through the model, whatever the rewards: the update's worst case, not the luck of the draw
-        extra = {"share_prefix": ns.share_prefix, "skip_zero_advantage": ns.skip_zero_advantage}
-        extra |= {"micro_batch": ns.micro_batch} if ns.micro_batch else {}
+        fast = {"share_prefix": ns.share_prefix, "skip_zero_advantage": ns.skip_zero_advantage}
+        fast |= {"micro_batch": ns.micro_batch} if ns.micro_batch else {}
+        extra: dict = {"performance": fast}
         if ns.adapter:
             from envace_mcp.policy.embedded import embedded_adapter
 

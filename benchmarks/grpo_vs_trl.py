@@ -31,7 +31,7 @@ import torch
 
 def sample_data(n_prompts: int, group: int, max_new: int):
     """`n_prompts` bank act prompts, `group` sampled completions each, a seeded random reward each."""
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy import ActRequest, SamplingParams, load_policy
     from envace_mcp.policy.prompts import render_act
     from envace_mcp.toolbox import Toolbox
@@ -123,8 +123,9 @@ def run_ours(data, group: int, steps: int, out: str, share: bool = False) -> tup
     from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO
 
     config = GRPOConfig(loss_type="dapo", beta=0.0, lr=1e-5, lora=True, lora_r=16, lora_alpha=32,
-                        gradient_checkpointing=True, groups_per_step=len(data), micro_batch=group if share else 1,
-                        share_prefix=share, steps=steps)
+                        groups_per_step=len(data), steps=steps,
+                        performance={"gradient_checkpointing": True, "micro_batch": group if share else 1,
+                                     "share_prefix": share})
     trainer = OfflineGRPO(config, None, out)
     groups = [[Segment(run_id=f"{i}-{j}", task_id=str(i), group_id=str(i), role="act", prompt_ids=d["prompt_ids"],
                        completion_ids=list(c), old_logprobs=list(lp), reward=r)

@@ -28,8 +28,8 @@ import time
 import anyio
 
 from envace_mcp._progress import Progress
-from envace_mcp.eval import get_suite
-from envace_mcp.graph import GateConfig
+from envace_mcp.envs import get_suite
+from envace_mcp.graph import GateConfig, RunLimits
 from envace_mcp.policy import SamplingParams, load_policy
 from envace_mcp.engine.batcher import Batcher
 from envace_mcp.policy.prompts import render_act, render_critique, render_inline, render_rehearse
@@ -68,7 +68,7 @@ class Seeded:
         return await self.policy.critique(request, self._params("critique", render_critique(request)))
 
 
-async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, gate: GateConfig, temperature: float,
+async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, gate: tuple[GateConfig, RunLimits], temperature: float,
                    label: str = "warm-up"):
     policy.engine.prefix_cache.clear()
     policy.engine.batcher = Batcher(policy.engine.stream, max_batch=batch, window_s=0.01 if batch > 1 else 0.0)
@@ -78,7 +78,7 @@ async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, g
     start = time.perf_counter()
 
     async def one_group(task):
-        runs = await rollout_group(suite, task, seeded, k=group, mode="simulated", tools=tools, gate=gate)
+        runs = await rollout_group(suite, task, seeded, k=group, mode="simulated", tools=tools, gate=gate[0], limits=gate[1])
         progress.advance(len(runs))
         return runs
 
@@ -98,7 +98,7 @@ async def one_mode(policy, tasks, tools, group: int, batch: int, max_new: int, g
             "spent": spent, "reward": sum(t.rewards[0].value for t in traces) / len(traces)}
 
 
-async def on_server(url: str, adapter, tasks, tools, group: int, max_new: int, gate: GateConfig, temperature: float):
+async def on_server(url: str, adapter, tasks, tools, group: int, max_new: int, gate: tuple[GateConfig, RunLimits], temperature: float):
     from envace_mcp.policy.vllm import VLLMPolicy
 
     policy = VLLMPolicy.from_url(url, adapter=adapter)
@@ -107,7 +107,7 @@ async def on_server(url: str, adapter, tasks, tools, group: int, max_new: int, g
     start = time.perf_counter()
 
     async def one_group(task):
-        runs = await rollout_group(suite, task, policy, k=group, mode="simulated", tools=tools, gate=gate,
+        runs = await rollout_group(suite, task, policy, k=group, mode="simulated", tools=tools, gate=gate[0], limits=gate[1],
                                    sampling={"act": params, "rehearse": params})
         progress.advance(len(runs))
         return runs
@@ -133,7 +133,7 @@ async def main(ns) -> None:
     tasks = suite.split("train")[: ns.tasks]
     async with Toolbox({suite.name: suite.build_server()}) as toolbox:  # the schemas; simulated runs call nothing
         tools = list(toolbox.catalog)
-    gate = GateConfig(rehearse="all", max_steps=ns.max_steps)
+    gate = (GateConfig(rehearse="all"), RunLimits(max_steps=ns.max_steps))
     await one_mode(policy, tasks[:1], tools, 2, 16, 4, gate, ns.temperature)  # warm-up
     results = {}
     for name, batch in (("batched", ns.tasks * ns.group), ("one at a time", 1)):

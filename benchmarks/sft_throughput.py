@@ -3,7 +3,7 @@ packed with their shared prompt prefix, through a block mask or attended part by
 
     python benchmarks/sft_throughput.py [--traces DIR] [--rows 16] [--batch-size 16]
 
-Rows are SFT rows (act + rehearse turns) from reference traces (`envace traces reference DIR
+Rows are SFT rows (act + rehearse turns) from reference traces (`envace lab reference DIR
 --no-logprobs`; recorded here on the first bank train tasks when no folder is given). Every variant
 runs forward + backward on the same rows, same weights, each in a fresh process (so peak RSS is its
 own). Baseline: one row at a time with its whole prompt (plain causal attention), bf16, checkpointing
@@ -95,7 +95,7 @@ def main() -> None:
     folder = args.traces
     if folder is None:
         from envace_mcp.policy import load_policy
-        from envace_mcp.train.reference import record_reference_traces
+        from envace_mcp.lab.reference import record_reference_traces
 
         folder = tempfile.mkdtemp()
         anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=args.rows, score=False))

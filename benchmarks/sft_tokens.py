@@ -53,7 +53,7 @@ def main() -> None:
 
     from envace_mcp.policy import load_policy
     from envace_mcp.traces import TraceStore
-    from envace_mcp.train.reference import record_reference_traces
+    from envace_mcp.lab.reference import record_reference_traces
     from envace_mcp.train.sft import sft_rows, target_encoding
 
     counts = {}

@@ -30,7 +30,7 @@ async def catalog(suite):
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy.embedded import embedded_model_dir
     from langchain_core.messages import HumanMessage
 

@@ -104,8 +104,8 @@ def held(tmp_path):
 @pytest.mark.parametrize("command", [
     [*EVAL, "--out", "{out}"],
     ["train", "grpo", "--traces", str(FIXTURES), "--out", "{out}", "--steps", "1"],
-    ["traces", "sample", "{out}", str(FIXTURES) + ":1"],
-], ids=["eval", "train-grpo", "traces-sample"])
+    ["lab", "sample", "{out}", str(FIXTURES) + ":1"],
+], ids=["eval", "train-grpo", "lab-sample"])
 def test_a_second_process_on_a_folder_in_use_is_refused_in_one_line_naming_the_holder(held, command):
     out, pid = held
     refused = envace(*[part.replace("{out}", str(out)) for part in command])

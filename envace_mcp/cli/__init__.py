@@ -9,9 +9,18 @@
     envace call get_balance '{"account_id": "CHK-1"}' --servers mcp.json
     envace eval --suite bank --split test --limit 12 --out runs/bank [--compare rehearse=2]
     envace compare runs/bank runs/bank-grpo [--out runs/cmp]   # pair two saved evaluations by task
+    envace lab --help                    # research tools: reference and probe traces, training mixes, plots
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import typer
+import typer.core
+import typer.rich_utils
 
 from envace_mcp.cli import agent, evaluation, policy, servers, traces, train  # noqa: F401 - they register the commands
 from envace_mcp.cli._common import (
@@ -22,12 +31,47 @@ from envace_mcp.cli._common import (
     traces_app,
     train_app,
 )
+from envace_mcp.cli.lab import lab_app
 
 app.add_typer(servers_app, name="servers")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(policy_app, name="policy")
 app.add_typer(traces_app, name="traces")
 app.add_typer(train_app, name="train")
+app.add_typer(lab_app, name="lab")
+
+_LOG_WIDTH = 100_000
+"""Help printed off a terminal is never wrapped: a log line per option, whatever its length."""
+
+
+def _help_for_logs(rich_help: Any) -> Any:
+    """Typer's help is rich panels at the terminal's width, and 80 columns when stdout is a file or a
+    pipe, which cuts a log's option descriptions into slivers. Off a terminal (no COLUMNS or
+    TERMINAL_WIDTH set, no colour forced) it is Click's plain help instead, unwrapped."""
+    def format_help(*, obj: Any, ctx: Any, markup_mode: Any) -> None:
+        asked_width = os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH")
+        if sys.stdout.isatty() or asked_width or typer.rich_utils.FORCE_TERMINAL:
+            return rich_help(obj=obj, ctx=ctx, markup_mode=markup_mode)
+        formatter = ctx.make_formatter()
+        formatter.width = _LOG_WIDTH
+        mode, obj.rich_markup_mode = obj.rich_markup_mode, None  # the command's own Click formatting
+        try:
+            obj.format_help(ctx, formatter)
+        finally:
+            obj.rich_markup_mode = mode
+        typer.echo(formatter.getvalue().rstrip("\n"))
+    return format_help
+
+
+def _no_type_on_flags(display_type: Any) -> Any:
+    """An on/off flag takes no value: its help shows no type (Typer's rich help printed `<bool>`)."""
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        return None if self.is_flag or self.count else display_type(self, ctx)
+    return display_type_rich
+
+
+typer.rich_utils.rich_format_help = _help_for_logs(typer.rich_utils.rich_format_help)
+typer.core.TyperOption.display_type_rich = _no_type_on_flags(typer.core.TyperOption.display_type_rich)  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,26 +1,21 @@
-"""`envace traces ls|show|stats|reference|sample|probe`."""
+"""`envace traces ls|show|stats`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
-import anyio
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from envace_mcp._terminal import call_display, safe
 from envace_mcp.cli._common import (
-    SplitOpt,
     TracesDir,
     _fail,
-    _holding,
-    _model_name,
     _report_problems,
     _store,
-    _suite,
     console,
     traces_app,
 )
@@ -149,141 +144,3 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
     table.add_row("real calls avoided by the gate", str(avoided))
     console.print(table)
     _report_problems(store)
-
-
-@traces_app.command("reference")
-def traces_reference(
-    out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write")],
-    suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
-    split: SplitOpt = "train",
-    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
-    model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids and logprobs")] = None,
-    logprobs: Annotated[bool, typer.Option(help="score each turn (needed by offline GRPO; SFT needs only tokens)")] = True,
-    tool_format: Annotated[Literal["json", "compact"], typer.Option(
-        help="tools in act prompts, for templates without native tools: JSON schemas or one line per tool")] = "json",
-    rehearse_format: Annotated[Literal["simulator", "inline"], typer.Option(
-        help="rehearse prompts: EnvACE's fresh simulator chat, or the act context continued with the tool's reply")] = "simulator",
-    rehearsed: Annotated[int, typer.Option(min=0, help="start each run with the rehearsal memory of this many imagined attempts (right, mistyped, cut short, falling into the task's trap), as test-time rehearsal (`envace eval --rehearse N`) would: SFT data for an act role that will see one")] = 0,
-    seed: Annotated[int, typer.Option(help="with --rehearsed: which attempts are drawn")] = 0,
-) -> None:
-    """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""
-    from envace_mcp._progress import Progress
-    from envace_mcp.policy import load_policy
-    from envace_mcp.train.reference import record_reference_traces
-
-    total = len(_suite(suite).split(split))
-    scores: list[float] = []
-
-    def on_task(task_id: str, score: float) -> None:
-        scores.append(score)
-        progress.advance(**{"mean score": round(sum(scores) / len(scores), 3)})
-
-    with _holding(out):
-        policy = load_policy(model, tool_format=tool_format, rehearse_format=rehearse_format)
-        with Progress(f"{suite} {split} references", total=min(limit or total, total), console=console) as progress:
-            written = anyio.run(lambda: record_reference_traces(policy, suite, out, split=split, limit=limit,
-                                                                score=logprobs, on_task=on_task, rehearsed=rehearsed,
-                                                                seed=seed))
-    console.print(f"wrote {written} runs to {out}")
-
-
-@traces_app.command("sample")
-def traces_sample(
-    out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write (new, or without traces)")],
-    sources: Annotated[list[str], typer.Argument(help="trace folders, each DIR (every run) or DIR:N (N runs drawn from it)")],
-    seed: Annotated[int, typer.Option(help="which runs are drawn")] = 0,
-) -> None:
-    """A seeded training mix: runs drawn from several trace folders into one (`envace train sft --traces OUT`).
-    From each `DIR:N`, N runs without replacement; attached rewards travel with their runs; the same
-    folders and seed draw the same runs."""
-    import random
-
-    from envace_mcp.traces import TraceStore
-
-    picks: list[tuple[Path, int | None]] = []
-    for source in sources:
-        folder, _, count = source.rpartition(":")
-        if not (folder and count.isdigit()):
-            folder, count = source, ""
-        if count == "0":
-            _fail(ValueError(f"{source}: N must be at least 1"))
-        path = Path(folder)
-        if not path.is_dir():
-            _fail(ValueError(f"trace folder {folder!r} does not exist"))
-        picks.append((path, int(count) if count else None))
-    if TraceStore(out).files():
-        _fail(ValueError(f"{out} already holds traces; a sample goes into a new folder"))
-    rng, drawn = random.Random(seed), []
-    for path, count in picks:  # every source drawn before anything is written: a bad one leaves no half mix
-        store = TraceStore(path)
-        runs = list(store.read())
-        _report_problems(store)
-        if count is not None and count > len(runs):
-            _fail(ValueError(f"{path} holds {len(runs)} runs, fewer than the {count} asked for"))
-        drawn.append((path, runs if count is None else rng.sample(runs, count), len(runs)))
-    with _holding(out):
-        target = TraceStore(out)
-        if target.files():  # written meanwhile
-            _fail(ValueError(f"{out} already holds traces; a sample goes into a new folder"))
-        for _, chosen, _ in drawn:
-            for trace in chosen:
-                target.append(trace)
-    console.print(f"wrote {sum(len(chosen) for _, chosen, _ in drawn)} runs to {out}: "
-                  + ", ".join(f"{len(chosen)} of {total} from {path}" for path, chosen, total in drawn))
-
-
-@traces_app.command("probe")
-def traces_probe(
-    out: Annotated[Path, typer.Argument(file_okay=False, help="trace folder to write")],
-    suite: Annotated[str, typer.Option(help="bank or retail")] = "bank",
-    split: SplitOpt = "fit",
-    limit: Annotated[Optional[int], typer.Option(min=1, help="only the first N tasks")] = None,
-    per_call: Annotated[int, typer.Option(min=1, help="probes of each reference call (one per mutation family first)")] = 2,
-    seed: Annotated[int, typer.Option(help="which mutations are picked")] = 0,
-    mutations: Annotated[Optional[str], typer.Option(help="only these, comma-separated: typo (drop_digit, digit), swap, scale, halve, enum (default: all)")] = None,
-    model: Annotated[Optional[str], typer.Option(callback=_model_name, help="tokenizer/model for token ids (default: embedded SmolLM2)")] = None,
-    adapter: Annotated[Optional[str], typer.Option(help="a LoRA adapter folder (its prompt formats apply); with --own-rehearsals, the world model measured")] = None,
-    own_rehearsals: Annotated[bool, typer.Option(help="the model rehearses each probed call itself: its world model on wrong calls, scored against the real replies")] = False,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="with --own-rehearsals")] = 160,
-    tool_format: Annotated[Optional[Literal["json", "compact"]], typer.Option(help="tools in act prompts (default: the adapter's, else json)")] = None,
-    rehearse_format: Annotated[Optional[Literal["simulator", "inline"]], typer.Option(help="rehearse prompts (default: the adapter's, else simulator)")] = None,
-) -> None:
-    """Record reference prefixes with one perturbed call each (an id mistyped, an amount x 100, another
-    enum value), answered by the suite's sandbox server: SFT data with real errors for the world model."""
-    from envace_mcp.eval.suites import require_sandbox
-    from envace_mcp.train.probes import check_kinds
-
-    try:
-        kinds = check_kinds([k.strip() for k in mutations.split(",") if k.strip()] if mutations is not None else None)
-    except EnvaceError as exc:
-        _fail(EnvaceError(f"--mutations: {exc}"))
-    try:
-        total = len(require_sandbox(_suite(suite)).split(split))  # before anything heavy is imported
-    except EnvaceError as exc:
-        _fail(exc)
-    from envace_mcp._progress import Progress
-    from envace_mcp._files import write_atomic
-    from envace_mcp.policy import SamplingParams, load_policy
-    from envace_mcp.train.probes import record_probe_traces
-
-    formats = {k: v for k, v in (("tool_format", tool_format), ("rehearse_format", rehearse_format)) if v}
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    with _holding(out):
-        policy = load_policy(model, adapter=adapter, **formats)
-        with Progress(f"{suite} {split} probes", total=min(limit or total, total), console=console) as progress:
-            summary = anyio.run(lambda: record_probe_traces(
-                policy, suite, out, split=split, limit=limit, per_call=per_call, seed=seed, kinds=kinds,
-                own_rehearsals=own_rehearsals,
-                sampling={"rehearse": greedy}, on_task=lambda task_id, n: progress.advance()))
-        report = summary.to_dict()
-        write_atomic(out / "probes.json", json.dumps(report, indent=2) + "\n")
-    table = Table(title=f"{report['runs']} probes in {out} ({report['real_errors']} real errors)")
-    columns = ["mutation", "probes", "real errors"] + (["status right"] if own_rehearsals else [])
-    for col in columns:
-        table.add_column(col)
-    for mutation, row in sorted(report["by_mutation"].items()):
-        table.add_row(mutation, str(row["runs"]), str(row["real_errors"]), *([str(row["status_right"])] if own_rehearsals else []))
-    console.print(table)
-    if own_rehearsals:
-        console.print(f"world model: field accuracy {report.get('field_accuracy', '-')}, errors predicted "
-                      f"{report.get('error_predicted', '-')}, successes predicted {report.get('success_predicted', '-')}")

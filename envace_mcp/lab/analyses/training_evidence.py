@@ -1,6 +1,6 @@
 """Held-out evidence for the embedded model, with or without an adapter, on the bank test split.
 
-    python benchmarks/training_evidence.py --tasks 24 [--suite bank|retail] [--adapter DIR] [--label NAME] [--out DIR]
+    python -m envace_mcp.lab.analyses.training_evidence --tasks 24 [--suite bank|retail] [--adapter DIR] [--label NAME] [--out DIR]
 
 Test tasks (entities and amounts disjoint from train) are taken round-robin over task kinds. The
 adapter's `envace.json` says which prompt formats it was trained on (tool text, rehearse prompt).
@@ -39,7 +39,7 @@ def pick(tasks: list, n: int) -> list:
 
 async def agent_runs(policy, suite, tasks, sampling, concurrency, out: Path) -> dict:
     from envace_mcp._progress import Progress
-    from envace_mcp.eval import run_task
+    from envace_mcp.envs import run_task
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
@@ -70,7 +70,7 @@ async def agent_runs(policy, suite, tasks, sampling, concurrency, out: Path) -> 
 
 async def world_model(policy, suite, tasks, sampling, out: Path) -> dict:
     from envace_mcp._progress import Progress
-    from envace_mcp.train.reference import record_reference_traces
+    from envace_mcp.lab.reference import record_reference_traces
 
     ids = {t.id for t in tasks}
     before = dict(policy.engine.stats)
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--rescore", action="store_true", help="recompute the world-model scores of OUT/results.jsonl from its traces")
     args = parser.parse_args()
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy import SamplingParams, load_policy
 
     out = Path(args.out)

@@ -21,14 +21,14 @@ def tiny_policy(tiny_qwen3_dir):
 
 
 def record(policy, out, *, seed=0, limit=12):
-    from envace_mcp.train.reference import record_reference_traces
+    from envace_mcp.lab.reference import record_reference_traces
 
     return anyio.run(lambda: record_reference_traces(policy, "bank", out, split="fit", limit=limit, score=False,
                                                      rehearsed=2, seed=seed))
 
 
 def test_each_act_prompt_carries_the_imagined_attempts_and_the_target_stays_the_reference(tiny_policy, tmp_path):
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.train.sft import sft_rows, target_encoding
 
     assert record(tiny_policy, tmp_path) == 12
@@ -73,9 +73,8 @@ def test_the_attempts_are_drawn_from_the_seed(tiny_policy, tmp_path):
 
 
 def test_a_task_that_cannot_give_a_kind_falls_back_to_the_reference_calls():
-    from envace_mcp.eval import get_suite
-    from envace_mcp.servers._common import Action, Task
-    from envace_mcp.train.rehearsed import imagined_paths
+    from envace_mcp.envs import Action, Task, get_suite
+    from envace_mcp.lab.rehearsed import imagined_paths
 
     suite = get_suite("bank")
     refusal = Task(id="t", domain="bank", split="train", kind="k", instruction="Sell everything now.",
@@ -90,8 +89,8 @@ def test_a_task_that_cannot_give_a_kind_falls_back_to_the_reference_calls():
 
 
 def test_a_task_with_a_trap_is_imagined_falling_into_it():
-    from envace_mcp.eval import get_suite
-    from envace_mcp.train.rehearsed import imagined_paths
+    from envace_mcp.envs import get_suite
+    from envace_mcp.lab.rehearsed import imagined_paths
 
     suite = get_suite("bank")
     task = next(t for t in suite.split("fit") if t.trap is not None)

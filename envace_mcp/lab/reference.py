@@ -7,15 +7,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envace_mcp.eval import get_suite
-from envace_mcp.eval.reference import reference_roles
+from envace_mcp.envs import get_suite
+from envace_mcp.envs.reference import reference_roles
 from envace_mcp.graph import GateConfig, create_envace_graph
+from envace_mcp.lab.probes import schema_checks
+from envace_mcp.lab.rehearsed import imagined_notes, imagined_paths
 from envace_mcp.policy.forced import ForcedPolicy
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import Reward, TraceStore
 from envace_mcp.train.forced_runs import EVERY_CALL_RUNS, forced_run
-from envace_mcp.train.probes import schema_checks
-from envace_mcp.train.rehearsed import imagined_notes, imagined_paths
 
 
 async def record_reference_traces(model: Any, suite_name: str, out: str | Path, *, split: str = "train",
@@ -28,7 +28,7 @@ async def record_reference_traces(model: Any, suite_name: str, out: str | Path, 
     for SFT), attach the checker's score. `own_rehearsals`: the model rehearses each reference call
     itself (greedy unless `sampling` says otherwise) and the trace compares it with the real result —
     the world model's accuracy on real calls. `rehearsed` > 0: each run starts with the rehearsal memory
-    of that many imagined attempts (`train.rehearsed`, drawn with `seed`), as under test-time rehearsal.
+    of that many imagined attempts (`lab.rehearsed`, drawn with `seed`), as under test-time rehearsal.
     Returns runs written."""
     suite = get_suite(suite_name)
     tasks = [t for t in suite.split(split) if only is None or t.id in only]

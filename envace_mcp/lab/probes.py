@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
-from envace_mcp.servers._common import Action, Task
+from envace_mcp.envs import Action, Task
 
 ID = re.compile(r"(?<![\w#])(#?[A-Z]{1,6}-?|[a-z]+(?:_[a-z]+)*_)(\d{2,})\b")
 """Id-like strings: a prefix and digits. Capital prefixes with or without a hyphen or a `#` (`CHK-9995`,
@@ -212,9 +212,8 @@ async def record_probe_traces(model: Any, suite_name: str, out: str | Path, *, s
     as traces in `out`, with `model`'s token ids (no logprobs). `own_rehearsals`: `model` rehearses each
     probed call itself (greedy unless `sampling` says otherwise) and the trace compares it with the
     real reply: the world model on calls it was not trained on, errors reported apart."""
-    from envace_mcp.eval import get_suite
-    from envace_mcp.eval.reference import calls_made, reference_roles
-    from envace_mcp.eval.suites import require_sandbox
+    from envace_mcp.envs import get_suite, require_sandbox
+    from envace_mcp.envs.reference import calls_made, reference_roles
     from envace_mcp.graph import create_envace_graph
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.toolbox import Toolbox

@@ -2,13 +2,13 @@
 
 For each destructive call of a run (`results.json`'s gate value: would fail, unrequested, requested),
 the run's conversation up to that call is rebuilt from its trace and handed to the gate's own code
-(`gate.Evidence.of`, `gate.objection`) with `block_repeated_failures`, `block_ungrounded_arguments` and
-`block_repeated_writes` ("done") on, alone and together. Prints, per rule, how many harmful calls would
+(`gate.Evidence.of`, `gate.objection`) with the evidence rules `repeated_failures`, `ungrounded_arguments`
+and `repeated_writes` ("done") on, alone and together. Prints, per rule, how many harmful calls would
 be stopped on top of those the run's gate stopped, and how many requested writes would be (false
 blocks). First order: the runs are not replayed, so later calls are as they were; `envace eval --gate
-block_...=true` measures the real thing.
+evidence=[...]` measures the real thing.
 
-    python benchmarks/gate_evidence.py --suite bank evals/bank-val [more eval folders of that suite]
+    python -m envace_mcp.lab.analyses.gate_evidence --suite bank evals/bank-val [more eval folders of that suite]
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from pathlib import Path
 import anyio
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from envace_mcp.eval import get_suite
+from envace_mcp.envs import get_suite
 from envace_mcp.graph.gate import Evidence, GateConfig, objection
 from envace_mcp.policy import ToolCall
 from envace_mcp.policy.prompts import NOT_EXECUTED
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import TraceStore
 
-RULES = {"repeated": GateConfig(block_repeated_failures=True), "ungrounded": GateConfig(block_ungrounded_arguments=True),
-         "both": GateConfig(block_repeated_failures=True, block_ungrounded_arguments=True),
-         "done": GateConfig(block_repeated_writes=True),
-         "all three": GateConfig(block_repeated_failures=True, block_ungrounded_arguments=True, block_repeated_writes=True)}
+RULES = {"repeated": GateConfig(evidence=("repeated_failures",)), "ungrounded": GateConfig(evidence=("ungrounded_arguments",)),
+         "both": GateConfig(evidence=("repeated_failures", "ungrounded_arguments")),
+         "done": GateConfig(evidence=("repeated_writes",)),
+         "all three": GateConfig(evidence=("repeated_failures", "ungrounded_arguments", "repeated_writes"))}
 
 
 async def catalog(suite: str) -> dict:

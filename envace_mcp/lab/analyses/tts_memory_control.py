@@ -6,14 +6,16 @@ test-time rehearsal writes. Paired against the plain run (`envace compare`), it 
 at the start of a run costs an act role (its prompt shift); paired against `--rehearse N`, what the
 imagined paths themselves add. All arguments go to `envace eval` (give `--rehearse N`):
 
-    python benchmarks/tts_memory_control.py --suite bank --split validation --adapter A --rehearse 2 --out evals/control
+    python -m envace_mcp.lab.analyses.tts_memory_control --suite bank --split validation --adapter A --rehearse 2 --out evals/control
 """
 
 from __future__ import annotations
 
+import runpy
 import sys
 from typing import Any
 
+import envace_mcp.envs.runner as runner
 import envace_mcp.graph.tts as tts
 
 
@@ -29,10 +31,9 @@ def main() -> None:
     if "--rehearse" not in sys.argv:
         print("give --rehearse N: the control replaces the N imagined runs", file=sys.stderr)
         sys.exit(2)
-    tts.imagine, tts.condense = no_imagination, heading_only  # the eval runner imports both at call time
-    from envace_mcp.cli import main as envace
-
-    envace(["eval", *sys.argv[1:]])
+    runner.imagine, runner.condense = no_imagination, heading_only  # what run_task calls for test-time rehearsal
+    sys.argv = ["envace", "eval", *sys.argv[1:]]
+    runpy.run_module("envace_mcp.cli", run_name="__main__")  # the command, in this process, with the patch
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ weights. The first adapter is the baseline the others are compared with (the one
 runs, typically). Inline rehearse prompts only (a simulator prompt is a fresh chat and replays too, but
 its reply opens with `<execution_result>`; not handled here).
 
-    python benchmarks/rehearse_replay.py --adapter envace_mcp/policy/adapters/smollm2-bank \\
+    python -m envace_mcp.lab.analyses.rehearse_replay --adapter envace_mcp/policy/adapters/smollm2-bank \\
         --adapter runs/wm --traces evals/bank-test/traces [--traces ...] [--out replay.json]
 """
 

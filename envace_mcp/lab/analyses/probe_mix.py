@@ -3,8 +3,8 @@ tasks of each of the 12 bank kinds (the fit tasks in even rounds of 12; the kind
 other task would be 6 kinds only), every non-typo probe of those tasks, and `--typos` of their typo
 probes picked at random.
 
-    python benchmarks/probe_mix.py refs-bank-fit probes-other probes-all sft-data2 [--typos 100] [--seed 0]
-    python benchmarks/probe_mix.py refs-retail-fit probes-other-retail probes-all-retail mix-retail --kinds 10 --every 4
+    python -m envace_mcp.lab.analyses.probe_mix refs-bank-fit probes-other probes-all sft-data2 [--typos 100] [--seed 0]
+    python -m envace_mcp.lab.analyses.probe_mix refs-retail-fit probes-other-retail probes-all-retail mix-retail --kinds 10 --every 4
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ TYPOS = ("digit", "drop_digit")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("refs", type=Path, help="traces reference folder (the split's runs, in task order)")
-    parser.add_argument("other", type=Path, help="traces probe folder recorded with --mutations swap,halve,enum,scale")
-    parser.add_argument("all", type=Path, help="traces probe folder with every mutation (its typos are sampled)")
+    parser.add_argument("refs", type=Path, help="`envace lab reference` folder (the split's runs, in task order)")
+    parser.add_argument("other", type=Path, help="`envace lab probe` folder recorded with --mutations swap,halve,enum,scale")
+    parser.add_argument("all", type=Path, help="`envace lab probe` folder with every mutation (its typos are sampled)")
     parser.add_argument("out", type=Path, help="trace folder to write the mix to (for train sft --traces)")
     parser.add_argument("--typos", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)

@@ -3,11 +3,11 @@ runs (their `out/traces`): whether its K runs scored alike, and if so how: all p
 state check, or all passed the state but failed the same answer check (in simulated mode the answer
 quotes what the world model imagined, so a wrong imagined balance fails it whatever the calls were).
 Counted per task kind, for each run folder given (e.g. one per arm). The last column: how many groups
-would carry signal with `GRPOConfig.call_f1_weight` (`--call-f1-weight`, 0.5 unless given), the task
+would carry signal with `GRPOConfig.experimental.call_f1_weight` (`--call-f1-weight`, 0.5 unless given), the task
 reward plus the weighted tool-call F1 against the task's reference calls, through the trainer's own
 `has_signal` (runs recorded before `call_f1` was, get it computed from the suite's tasks).
 
-    python benchmarks/group_signal.py grpo-b grpo-c [--call-f1-weight 0.5]
+    python -m envace_mcp.lab.analyses.group_signal grpo-b grpo-c [--call-f1-weight 0.5]
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import argparse
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from envace_mcp.eval import get_suite
-from envace_mcp.eval.metrics import call_f1
+from envace_mcp.envs import call_f1, get_suite
 from envace_mcp.traces import TraceStore
 from envace_mcp.train.config import GRPOConfig
 from envace_mcp.train.rows import Segment
@@ -44,7 +43,7 @@ def shaped_signal(runs: list[tuple[str, float, float]], weight: float) -> bool:
     """Whether a group of (run id, task reward, call F1) carries signal under `call_f1_weight` = weight."""
     rows = [Segment(run_id=run, task_id=None, group_id="g", role="act", prompt_ids=[], completion_ids=[1],
                     old_logprobs=None, reward=reward, call_f1=f1) for run, reward, f1 in runs]
-    return has_signal(rows, GRPOConfig(advantage="trajectory", call_f1_weight=weight))
+    return has_signal(rows, GRPOConfig(advantage="trajectory", experimental={"call_f1_weight": weight}))
 
 
 def main() -> None:

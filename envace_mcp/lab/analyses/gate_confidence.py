@@ -4,10 +4,10 @@ it wrote an error, one minus it when it wrote a result) beside what the call wou
 (`results.json`'s gate value). Prints the AUC of harmful against requested calls and, per threshold,
 what `GateConfig.min_failure_confidence` would have stopped, call by call (first order: the runs are
 not replayed, so later calls are as they were). Also what failing closed
-(`GateConfig.block_destructive_on_unusable_rehearsal`) would have stopped on top of what was stopped:
+(`GateConfig.on_unusable="block"`) would have stopped on top of what was stopped:
 the calls that ran although their rehearsal was unusable.
 
-    python benchmarks/gate_confidence.py evals/bank-val [more eval folders] [--thresholds 0.5,0.6,0.7,0.8,0.9]
+    python -m envace_mcp.lab.analyses.gate_confidence evals/bank-val [more eval folders] [--thresholds 0.5,0.6,0.7,0.8,0.9]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
               f"/{len(harmful)}, requested {sum(p >= threshold for p in requested)}/{len(requested)}")
 
     closed = [would for would, _, unusable_ran in every if unusable_ran]
-    print(f"block_destructive_on_unusable_rehearsal would also stop: harmful "
+    print(f"on_unusable=block would also stop: harmful "
           f"{sum(w != 'requested' for w in closed)}/{sum(w != 'requested' for w, _ in calls)}, "
           f"requested {sum(w == 'requested' for w in closed)}/{sum(w == 'requested' for w, _ in calls)}")
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.servers._common import Action, Task
+from envace_mcp.envs import Action, Task
 
 KINDS = ("right", "mistyped", "short", "trap")
 WEIGHTS = (0.35, 0.3, 0.2, 0.15)
@@ -43,7 +43,7 @@ def imagined_paths(task: Task, suite: Any, schemas: dict[str, dict[str, Any]], v
                    rng: random.Random) -> list[tuple[str, list[Action]]]:
     """`n` imagined attempts at `task`: (kind, calls), drawn by `WEIGHTS`; a kind the task cannot
     give (no mutation the domain rejects, one call to cut short, no trap) falls back to `right`."""
-    from envace_mcp.train.probes import task_probes
+    from envace_mcp.lab.probes import task_probes
 
     actions = list(task.actions)
     results = [suite.reference_result(task, actions[:i], a.tool, dict(a.arguments)) for i, a in enumerate(actions)]
@@ -73,7 +73,7 @@ async def imagined_notes(graph: Any, toolbox: Any, suite: Any, task: Task, model
                          paths: list[tuple[str, list[Action]]]) -> str:
     """The rehearsal memory test-time rehearsal would hand the committed run after `paths`: each path
     run in simulated mode (a perfect simulator answers; the gate decides as it would), condensed."""
-    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.envs.reference import reference_roles
     from envace_mcp.graph import EnvaceContext
     from envace_mcp.graph.tts import Attempt, condense
     from envace_mcp.policy.forced import ForcedPolicy

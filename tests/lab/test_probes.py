@@ -7,8 +7,8 @@ import re
 import anyio
 import pytest
 
+from envace_mcp.lab.probes import mutations, task_probes
 from envace_mcp.traces import TraceStore
-from envace_mcp.train.probes import mutations, task_probes
 
 SCHEMA = {"type": "object", "properties": {
     "account_id": {"type": "string"}, "amount": {"type": "number", "exclusiveMinimum": 0},
@@ -42,7 +42,7 @@ def test_retail_ids_with_a_hash_or_a_snake_case_prefix_and_ids_in_lists_are_mist
 
 
 def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_any_twice():
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.toolbox.validation import ArgumentValidator
 
     suite = get_suite("bank")
@@ -72,7 +72,7 @@ def test_task_probes_keep_what_the_schema_accepts_and_take_each_family_before_an
 
 def test_a_misspelt_or_empty_kind_is_an_error_not_a_run_without_probes(tmp_path):
     from envace_mcp.errors import UserError
-    from envace_mcp.train.probes import check_kinds, record_probe_traces
+    from envace_mcp.lab.probes import check_kinds, record_probe_traces
 
     assert check_kinds(None) is None and check_kinds(["typo", "halve"]) == {"typo", "halve"}
     for kinds, why in ((["typos"], "unknown typos; choose from typo"), ([], "unknown (none given)")):
@@ -91,8 +91,8 @@ def tiny_policy(tmp_path_factory):
 
 
 def test_probe_runs_hold_one_rehearsal_aimed_at_the_real_reply_and_train_nothing_else(tiny_policy, tmp_path):
+    from envace_mcp.lab.probes import record_probe_traces
     from envace_mcp.toolbox import ToolResult
-    from envace_mcp.train.probes import record_probe_traces
     from envace_mcp.train.sft import sft_rows, target_encoding
 
     summary = anyio.run(lambda: record_probe_traces(tiny_policy, "bank", tmp_path, split="fit", limit=4, per_call=2))
@@ -119,8 +119,8 @@ def test_probe_runs_hold_one_rehearsal_aimed_at_the_real_reply_and_train_nothing
 
 
 def test_probes_with_the_models_own_rehearsals_score_its_world_model_on_wrong_calls(tiny_policy, tmp_path):
+    from envace_mcp.lab.probes import record_probe_traces
     from envace_mcp.policy import SamplingParams
-    from envace_mcp.train.probes import record_probe_traces
 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     summary = anyio.run(lambda: record_probe_traces(tiny_policy, "bank", tmp_path, split="validation", limit=2,
@@ -136,8 +136,8 @@ def test_probes_with_the_models_own_rehearsals_score_its_world_model_on_wrong_ca
 def test_retail_probes_reach_real_errors_on_the_retail_server(tiny_policy, tmp_path):
     """Retail's calls carry `#W` order ids, item id lists and snake-case payment ids: mistyped or swapped,
     the real retail server refuses them (before, its probes were mostly right calls)."""
+    from envace_mcp.lab.probes import record_probe_traces
     from envace_mcp.toolbox import ToolResult
-    from envace_mcp.train.probes import record_probe_traces
 
     summary = anyio.run(lambda: record_probe_traces(tiny_policy, "retail", tmp_path, split="fit", limit=6, per_call=2,
                                                     kinds=["typo", "swap"]))
