@@ -11,8 +11,8 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from envace_mcp import Toolbox
-from envace_mcp.eval import Episode, get_suite
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.envs import Episode, get_suite
+from envace_mcp.graph import EnvaceContext, RunLimits, create_envace_graph
 from envace_mcp.graph.tts import rehearse_then_act
 from envace_mcp.policy import SamplingParams, load_policy
 
@@ -30,7 +30,7 @@ async def main(model: str | None, task_id: str, rehearse: int, max_new_tokens: i
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
     async with Toolbox({"mcpServers": {"bank": suite.stdio_config(sys.executable)}}) as toolbox:
         episode = Episode(task, "bank")
-        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=GateConfig(max_steps=3),
+        context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), limits=RunLimits(max_steps=3),
                                 approve=review, instructions=suite.server_module.POLICY,
                                 sampling={"act": sampling, "rehearse": sampling, "critique": sampling})
         graph = create_envace_graph()

@@ -32,25 +32,26 @@ def test_demo_replays_a_reference_solution_over_stdio_and_prints_the_checker_sco
 
 
 def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score(tmp_path):
-    out = run("demo", "--max-new-tokens", "24", "--max-steps", "2", "--traces", str(tmp_path), timeout=600)
+    out = run("demo", "--limits", "max_steps=2", "--traces", str(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr
     assert "Task bank/test/0000" in out.stdout and "agent" in out.stdout
     score = float(out.stdout.rsplit("checker score:", 1)[1].split()[0])
     assert 0.0 <= score <= 1.0 and "✓ state" in out.stdout  # a read-only task: state untouched
     assert "\nsummary\n" in out.stdout and "calls proposed" in out.stdout and "approvals:" in out.stdout
     # the gate starts from what the shipped adapter recommends, and says so
-    assert "gate from the adapter's envace.json: block_destructive_on_unusable_rehearsal=true" in out.stdout
+    assert "gate from the adapter's envace.json: on_unusable=block" in out.stdout
     from envace_mcp.traces import TraceStore
 
     [trace] = list(TraceStore(tmp_path).read())  # recorded, with the checker's score attached
     assert trace.task_id == "bank/test/0000" and trace.reward("task").value == score
     assert trace.steps[0].role == "act" and trace.steps[0].prompt_ids
-    assert trace.gate["block_destructive_on_unusable_rehearsal"] is True  # and the run recorded it
+    assert trace.gate["on_unusable"] == "block"  # and the run recorded it
     assert trace.gate["require_approval"] == "destructive"  # the interactive default still under it
+    assert trace.limits["max_steps"] == 2 and trace.sampling["rehearse"]["max_new_tokens"] == 400
 
 
 def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
-    out = run("run", "What is the balance of CHK-9995?", "--max-new-tokens", "16", "--gate", "max_steps=1",
+    out = run("run", "What is the balance of CHK-9995?", "--max-new-tokens", "16", "--limits", "max_steps=1",
               "--constrain-calls", timeout=600)
     assert out.returncode == 0, out.stderr
     assert "final answer:" in out.stdout
@@ -60,9 +61,7 @@ def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
     assert vllm.returncode == 2 and "transformers backend" in vllm.stderr
 
 
-@pytest.mark.parametrize("command", [["run", "What is the balance of CHK-9995?"], ["demo", "--max-steps", "1"]])
-def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_gate_is_trusted(command, tiny_qwen3_dir,
-                                                                                               tmp_path):
+def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_gate_is_trusted(tiny_qwen3_dir, tmp_path):
     """The trace names both adapters; the gate starts from what the world model's adapter recommends (how
     far to trust its rehearsals), not the agent's, whose world model this run does not use."""
     from helpers import random_lora
@@ -72,14 +71,14 @@ def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_ga
     agent, world = random_lora(tiny_qwen3_dir, tmp_path / "agent", 0), random_lora(tiny_qwen3_dir, tmp_path / "world", 1)
     (agent / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True}}))
     (world / "envace.json").write_text(json.dumps({"gate": {"min_failure_confidence": 0.7}}))
-    out = run(*command, "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
-              "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--gate", "max_steps=1",
+    out = run("run", "What is the balance of CHK-9995?", "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
+              "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--limits", "max_steps=1",
               "--traces", str(tmp_path / "traces"), timeout=300)
     assert out.returncode == 0, out.stderr
     (trace,) = TraceStore(tmp_path / "traces").read()
     assert trace.model == f"{tiny_qwen3_dir} + rehearse adapter {world}"
     assert "gate from the rehearse adapter's envace.json: min_failure_confidence=0.7" in out.stdout
-    assert trace.gate["min_failure_confidence"] == 0.7 and trace.gate["block_destructive_on_unusable_rehearsal"] is False
+    assert trace.gate["min_failure_confidence"] == 0.7 and trace.gate["on_unusable"] == "allow"
 
 
 def test_demo_over_http_for_retail():

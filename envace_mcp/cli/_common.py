@@ -201,29 +201,63 @@ def _suite(domain: str, seed: int = 0) -> Any:
 
 
 
-def _gate(spec: str | None, defaults: dict[str, Any] | None = None, **overrides: Any) -> Any:
-    """`rehearse=all,require_approval=destructive,max_steps=6` as a GateConfig: `defaults` under the
-    spec, `overrides` (set options) over it. The values are checked by `gate_settings`, as a served
-    graph's JSON gate and an adapter's recommendation are."""
-    from envace_mcp.graph import GateConfig
+GateOpt = Annotated[Optional[str], typer.Option(
+    help="gate settings over the adapter's recommendation, e.g. rehearse=all,on_unusable=block,"
+         "evidence=[repeated_writes],require_approval=never (docs/graph.md)")]
+LimitsOpt = Annotated[Optional[str], typer.Option(
+    help="run limits, e.g. max_steps=8,max_real_calls=10,max_rehearsals=none (default 12, 50, 100)")]
+
+
+def _gate_text(spec: str | None) -> dict[str, Any]:
+    """`--gate`'s settings, checked as every other form of gate settings is (`gate.gate_text`)."""
     from envace_mcp.graph.gate import gate_text
 
     try:
-        values = {**(defaults or {}), **gate_text(spec or "", "--gate")}
+        return gate_text(spec or "", "--gate")
     except EnvaceError as exc:
         _fail(exc)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return GateConfig(**values)
 
 
-def _sampling(max_new_tokens: int, temperature: float, seed: int,
-              rehearse_max_new_tokens: int | None = None) -> dict[str, Any]:
-    """Per-role sampling: the act and critique roles share `max_new_tokens`; the rehearse role may have its own."""
-    from envace_mcp.policy import SamplingParams
-    from envace_mcp.policy.types import role_sampling
+def _config_layers(values: list[str] | None, model: Any) -> list[dict[str, Any]]:
+    """`--config`/`-c` values in order: a JSON file of `model`'s fields (a path: it ends in .json or exists),
+    or `key=value,...` pairs typed as its fields (`config.parse_text`); later ones win."""
+    import json
 
-    return role_sampling(SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed),
-                         rehearse_max_new_tokens)
+    from envace_mcp.config import parse_text
+
+    layers = []
+    for value in values or []:
+        path = Path(value).expanduser()
+        if value.endswith(".json") or path.is_file():
+            try:
+                layers.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                _fail(ValueError(f"--config {value}: not a readable JSON settings file ({exc})"))
+        else:
+            try:
+                layers.append(parse_text(value, model, "--config"))
+            except EnvaceError as exc:
+                _fail(exc)
+    return layers
+
+
+def _limits(spec: str | None, defaults: dict[str, Any] | None = None) -> Any:
+    """`--limits max_steps=8,...` as RunLimits, over the command's own `defaults`: one door per limit."""
+    from envace_mcp.graph import RunLimits
+    from envace_mcp.graph.gate import limits_text
+
+    try:
+        return RunLimits(**{**(defaults or {}), **limits_text(spec or "", "--limits")})
+    except EnvaceError as exc:
+        _fail(exc)
+
+
+def _sampling(max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+    """Per-role sampling as every run starts (`policy.types.run_sampling`): the act and critique roles
+    share `max_new_tokens`; the rehearse role has its own budget."""
+    from envace_mcp.policy.types import run_sampling
+
+    return run_sampling(max_new_tokens, temperature, seed)
 
 
 
@@ -253,14 +287,12 @@ rehearsed outcome); `--gate require_approval=never` or `--yes` for unattended ru
 
 
 def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announce: bool = True,
-                rehearse_adapter: str | None = None, defaults: dict[str, Any] | None = None,
-                **overrides: Any) -> tuple[Any, str | None]:
+                rehearse_adapter: str | None = None) -> tuple[Any, str | None]:
     """`envace demo` / `envace run`: the adapter to load (`default_adapter`) and the gate, built from
     INTERACTIVE_GATE, then what the world model's adapter recommends in its envace.json (`adapter_gate`;
     the rehearse adapter's when there is one, since the recommendation says how far to trust the
-    rehearsals measured with those weights), then the command's own `defaults`, then `--gate`, then
-    `overrides` that were given (an option left at None does not hide `--gate`). The recommendation is
-    printed, so a run never hides where a setting came from."""
+    rehearsals measured with those weights), then `--gate`. The recommendation is printed, so a run
+    never hides where a setting came from."""
     from envace_mcp.graph import adapter_gate
     from envace_mcp.policy.embedded import default_adapter
 
@@ -269,9 +301,13 @@ def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announ
         recommended = adapter_gate(rehearse_adapter if rehearse_adapter is not None else folder)
     except EnvaceError as exc:
         _fail(exc)
-    config = _gate(spec, {**INTERACTIVE_GATE, **recommended, **(defaults or {})}, **overrides)
+    from envace_mcp.graph import GateConfig
+
+    config = GateConfig(**{**INTERACTIVE_GATE, **recommended, **_gate_text(spec)})
     if recommended and announce:  # after every check of the command line: a bad one prints nothing else
-        shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
+        from envace_mcp.config import settings_text
+
+        shown = settings_text(recommended)
         whose = "the rehearse adapter's" if rehearse_adapter is not None else "the adapter's"
         console.print(f"[dim]gate from {whose} envace.json: {shown} (--gate overrides)[/]")
     return config, folder

@@ -12,9 +12,10 @@ from rich.text import Text
 from envace_mcp._terminal import inline_call, safe
 from envace_mcp.cli._common import (
     AdapterOpt,
+    GateOpt,
+    LimitsOpt,
     ModelOpt,
     RehearseAdapterOpt,
-    RehearseTokensOpt,
     ServersOpt,
     TracesOut,
     YesOpt,
@@ -22,6 +23,7 @@ from envace_mcp.cli._common import (
     _bundled_config,
     _catalog_table,
     _fail,
+    _limits,
     _sampling,
     _suite,
     app,
@@ -30,8 +32,8 @@ from envace_mcp.cli._common import (
 from envace_mcp.errors import EnvaceError
 
 
-DEMO_STEPS = 4
-"""`envace demo`'s step budget unless --max-steps or --gate max_steps=N says otherwise: a short run to watch."""
+DEMO_LIMITS = {"max_steps": 4}
+"""`envace demo`'s run limits under `--limits`: a short run to watch."""
 
 
 @app.command("demo")
@@ -42,14 +44,10 @@ def demo(
     model: ModelOpt = None,
     adapter: AdapterOpt = None,
     reference: Annotated[bool, typer.Option("--reference", help="replay the reference solution instead of the agent")] = False,
-    rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
-    gate: Annotated[Optional[str], typer.Option(help="e.g. require_approval=never,rehearse=all")] = None,
+    gate: GateOpt = None,
+    limits: Annotated[Optional[str], typer.Option(help="run limits, e.g. max_steps=8 (the demo's default: 4 turns)")] = None,
     yes: YesOpt = False,
-    max_steps: Annotated[Optional[int], typer.Option(min=1, help="agent turns before the run stops (default 4)")] = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 96,
-    rehearse_max_new_tokens: RehearseTokensOpt = None,
     traces: TracesOut = None,
-    rehearse_adapter: RehearseAdapterOpt = None,
 ) -> None:
     """The main job: the agent works a bundled server's test task over a real MCP transport.
 
@@ -70,8 +68,8 @@ def demo(
             task = suite.split("test")[0]
     except EnvaceError as exc:
         _fail(exc)
-    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference, rehearse_adapter=rehearse_adapter,
-                                              defaults={"max_steps": DEMO_STEPS}, max_steps=max_steps)
+    run_limits = _limits(limits, DEMO_LIMITS)  # every check of the command line before the gate is announced
+    gate_config, adapter_folder = _agent_gate(gate, model, adapter, announce=not reference)
 
     async def main(config: dict[str, Any]) -> None:
         async with Toolbox(config) as toolbox:
@@ -96,21 +94,20 @@ def demo(
 
                 with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
                     try:
-                        policy = load_policy(model, adapter=adapter_folder, rehearse_adapter=rehearse_adapter)
+                        policy = load_policy(model, adapter=adapter_folder)
                     except EnvaceError as exc:
                         _fail(exc)
                 from envace_mcp.traces import TraceStore
 
                 approver = TerminalApprover(console, assume_yes=yes)
-                run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=gate_config,
-                                     rehearse_n=rehearse, on_update=Transcript(console, approver).update,
-                                     sampling=_sampling(max_new_tokens, 0.0, 0, rehearse_max_new_tokens),
+                run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=gate_config, limits=run_limits,
+                                     on_update=Transcript(console, approver).update, sampling=_sampling(160),
                                      approve=approver,
                                      store=TraceStore(traces) if traces else None)
                 verdict = run.verdict
                 if traces:
                     console.print(f"[dim]recorded run {run.trace.run_id} in {traces}[/]")
-                console.print(Text.assemble("\nfinal answer: ", safe(str(run.state.get("final_answer")))))
+                console.print(Text.assemble("\nfinal answer: ", _answer(run.state)))
                 console.print(Text.assemble("reference answer: ", safe(task.answer)))
             for check in verdict.checks:
                 console.print(Text.assemble("  ", ("✓", "green") if check.passed else ("✗", "red"), " ",
@@ -139,13 +136,10 @@ def run_command(
     rehearse_adapter: RehearseAdapterOpt = None,
     mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(help="where tool results come from")] = "real",
     rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
-    strategy: Annotated[Literal["parallel", "sequential"], typer.Option(help="test-time rehearsal strategy")] = "parallel",
-    gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,require_approval=never,max_steps=8")] = None,
+    gate: GateOpt = None,
+    limits: LimitsOpt = None,
     yes: YesOpt = False,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
-    rehearse_max_new_tokens: RehearseTokensOpt = None,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
-    seed: int = 0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="tokens per turn of the agent (a rehearsal has its own 400)")] = 160,
     traces: TracesOut = None,
     constrain_calls: Annotated[bool, typer.Option(
         "--constrain-calls", help="decode tool calls under the tools' schemas (transformers models only)")] = False,
@@ -155,13 +149,13 @@ def run_command(
     Each proposed call, its rehearsal, the gate's decision and the real result are shown, mismatches
     highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
     terminal; --yes approves); the run ends with a summary."""
+    run_limits = _limits(limits)  # every check of the command line before the gate is announced
     gate_config, adapter_folder = _agent_gate(gate, model, adapter, rehearse_adapter=rehearse_adapter)
-    anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, strategy, gate_config,
-              _sampling(max_new_tokens, temperature, seed, rehearse_max_new_tokens), traces, yes, constrain_calls,
-              rehearse_adapter)
+    anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, gate_config,
+              run_limits, _sampling(max_new_tokens), traces, yes, constrain_calls, rehearse_adapter)
 
 
-async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_config, sampling, traces, yes,  # noqa: ANN001
+async def _run(task, servers, model, adapter, mode, rehearse, gate_config, limits, sampling, traces, yes,  # noqa: ANN001
                constrain_calls, rehearse_adapter) -> None:
     from langchain_core.messages import HumanMessage
 
@@ -179,25 +173,36 @@ async def _run(task, servers, model, adapter, mode, rehearse, strategy, gate_con
     try:
         async with Toolbox(servers) as toolbox:
             approver = TerminalApprover(console, assume_yes=yes)
-            context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate_config, mode=mode, sampling=sampling,
-                                    approve=approver)
+            context = EnvaceContext(policy=policy, toolbox=toolbox, gate=gate_config, limits=limits, mode=mode,
+                                    sampling=sampling, approve=approver)
             graph = create_envace_graph().compile()
             notes = None
             if rehearse > 0:
-                console.print(f"[dim]rehearsing {rehearse} imagined run(s) ({strategy}) …[/]")
-                notes = condense(await imagine(create_envace_graph(), task, context, n=rehearse, strategy=strategy))
+                console.print(f"[dim]rehearsing {rehearse} imagined run(s) …[/]")
+                notes = condense(await imagine(create_envace_graph(), task, context, n=rehearse))
                 console.print(safe(notes, newlines=True))
             from envace_mcp.traces import TraceStore, record_run
 
             payload: Any = {"messages": [HumanMessage(content=task)], **({"notes": notes} if notes else {})}
             final, trace = await record_run(graph, payload, context=context, store=TraceStore(traces) if traces else None,
                                             on_update=Transcript(console, approver).update,
-                                            rehearsal={"n": rehearse, "strategy": strategy} if rehearse else {})
+                                            rehearsal={"n": rehearse, "strategy": "parallel"} if rehearse else {})
             if traces:
                 console.print(f"[dim]recorded run {trace.run_id} in {traces}[/]")
     except EnvaceError as exc:
         _fail(exc)
-    console.print(Text.assemble(("\nfinal answer: ", "bold"), safe(str(final.get("final_answer"))),
+    console.print(Text.assemble(("\nfinal answer: ", "bold"), _answer(final),
                                 (f"  ({final.get('status')}, {final.get('real_calls', 0)} real call(s), "
                                  f"{final.get('rehearsal_count', 0)} rehearsal(s))", "dim")))
     print_summary(console, final.get("rehearsals", []))
+
+
+def _answer(state: dict[str, Any]) -> Text:
+    """The run's answer, or why there is none (the turn budget ran out before the agent answered)."""
+    answer = state.get("final_answer")
+    if answer is not None:
+        return safe(str(answer))
+    if state.get("status") == "max_steps":
+        return Text(f"none: the agent used its {state.get('steps', 0)} turns without answering (--limits max_steps=N)",
+                    "yellow")
+    return Text("none", "yellow")

@@ -11,14 +11,16 @@ import anyio
 import typer
 
 from envace_mcp.cli._common import (
+    AdapterOpt,
+    GateOpt,
+    LimitsOpt,
     ModelOpt,
     RehearseAdapterOpt,
-    RehearseTokensOpt,
-    SplitOpt,
-    _adapter_folder,
+    _config_layers,
     _fail,
-    _gate,
+    _gate_text,
     _holding,
+    _limits,
     _suite,
     app,
     console,
@@ -28,79 +30,76 @@ from envace_mcp.errors import EnvaceError
 
 @app.command("eval")
 def eval_command(
-    suite: Annotated[str, typer.Option(help="bank, retail, tau2-airline, tau2-retail, bfcl-base, bfcl-miss_func, "
-                                            "bfcl-miss_param, bfcl-long_context, bfcl-simple, bfcl-multiple, "
-                                            "bfcl-parallel, bfcl-parallel_multiple, bfcl-irrelevance")],
     out: Annotated[Path, typer.Option(file_okay=False, help="folder for results.json / .md / .png, traces/ and "
                                                             "runs.jsonl; the same command resumes there")],
-    split: SplitOpt = "test",
+    suite: Annotated[Optional[str], typer.Option(help="bank, retail, tau2-airline, tau2-retail, bfcl-base, bfcl-miss_func, "
+                                                     "bfcl-miss_param, bfcl-long_context, bfcl-simple, bfcl-multiple, "
+                                                     "bfcl-parallel, bfcl-parallel_multiple, bfcl-irrelevance")] = None,
+    split: Annotated[Optional[Literal["train", "test", "validation", "fit"]], typer.Option(
+        help="which split's tasks (default test)")] = None,
     limit: Annotated[Optional[int], typer.Option(min=1, help="the first K tasks of the split")] = None,
     task: Annotated[Optional[list[str]], typer.Option("--task", help="only these task ids (repeatable)")] = None,
     model: ModelOpt = None,
-    adapter: Annotated[Optional[str], typer.Option(callback=_adapter_folder, help="a LoRA adapter folder")] = None,
+    adapter: AdapterOpt = None,
     rehearse_adapter: RehearseAdapterOpt = None,
-    policy: Annotated[Literal["model", "reference", "noop"], typer.Option(
-        help="model; reference (the tasks' reference solutions: a ceiling); "
-             "noop (answers without calling anything: the floor)")] = "model",
-    mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(help="where tool results come from")] = "real",
-    rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before each real one (test-time rehearsal N)")] = 0,
-    strategy: Annotated[Literal["parallel", "sequential"], typer.Option(help="test-time rehearsal strategy")] = "parallel",
-    repeats: Annotated[int, typer.Option(min=1, help="runs per task (pass^k needs k <= repeats)")] = 1,
-    concurrency: Annotated[int, typer.Option(min=1, help="runs in flight together (batched generation)")] = 8,
-    transport: Annotated[Optional[Literal["inprocess", "stdio", "http"]], typer.Option(
-        help="MCP transport (default: the suite's first)")] = None,
-    gate: Annotated[Optional[str], typer.Option(help="e.g. rehearse=all,max_steps=8")] = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
-    rehearse_max_new_tokens: RehearseTokensOpt = None,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
-    seed: int = 0,
-    constrain_calls: Annotated[bool, typer.Option(
-        "--constrain-calls", help="decode tool calls under the tools' schemas (names, argument keys, "
-                                  "required arguments, value kinds); transformers models only")] = False,
+    policy: Annotated[Optional[Literal["model", "reference", "noop"]], typer.Option(
+        help="model (default); reference (the tasks' reference solutions: a ceiling); "
+             "noop (answers without calling anything: the floor)")] = None,
+    mode: Annotated[Optional[Literal["real", "simulated", "mixed"]], typer.Option(
+        help="where tool results come from (default real)")] = None,
+    rehearse: Annotated[Optional[int], typer.Option(min=0, help="imagined runs before each real one (test-time rehearsal N)")] = None,
+    repeats: Annotated[Optional[int], typer.Option(min=1, help="runs per task (pass^k needs k <= repeats)")] = None,
+    gate: GateOpt = None,
+    limits: LimitsOpt = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(min=1, help="tokens per turn of the agent (default 160)")] = None,
+    config: Annotated[Optional[list[str]], typer.Option(
+        "--config", "-c", help="more settings (repeatable): a JSON file of EvalConfig fields, or key=value pairs, "
+                               "e.g. -c temperature=1,seed=3,concurrency=4,transport=stdio (docs/evaluation.md)")] = None,
     compare: Annotated[Optional[str], typer.Option(
         help="a second configuration as changes to this one, e.g. 'rehearse=2' or 'adapter=runs/sft'; "
              "both run on the same tasks and the difference is reported with a 95 % bootstrap interval")] = None,
 ) -> None:
     """Measure a configuration (or compare two) on a suite's tasks.
 
+    By default what ships: the embedded model with its adapter and the gate that adapter recommends.
     Reports success, pass^k, tool-call P/R/F1, rehearsal fidelity and cost; every run is recorded as
     a trace."""
-    import dataclasses
+    from envace_mcp.config import build
+    from envace_mcp.eval.evaluate import EvalConfig, finished_runs, select_tasks
 
-    from envace_mcp.eval.evaluate import EvalSettings, finished_runs, select_tasks
-
-    target = _suite(suite)
-    if adapter is not None and adapter.lower() == "none":
-        adapter = None  # as in `envace demo`: 'none' is no adapter
-    from envace_mcp.graph.gate import UNATTENDED
-
-    gate_config = dataclasses.asdict(_gate(gate, UNATTENDED)) if gate else {}
-    settings = EvalSettings(suite=suite, split=split, limit=limit, tasks=list(task) if task else None, model=model,
-                            adapter=adapter, rehearse_adapter=rehearse_adapter, policy=policy, mode=mode,
-                            rehearse=rehearse, strategy=strategy, repeats=repeats, concurrency=concurrency,
-                            transport=transport, gate=gate_config,
-                            max_new_tokens=max_new_tokens, rehearse_max_new_tokens=rehearse_max_new_tokens,
-                            temperature=temperature, seed=seed, constrain_calls=constrain_calls)
+    options = {"suite": suite, "split": split, "limit": limit, "tasks": list(task) if task else None, "model": model,
+               "adapter": adapter, "rehearse_adapter": rehearse_adapter, "policy": policy, "mode": mode,
+               "rehearse": rehearse, "repeats": repeats, "max_new_tokens": max_new_tokens}
+    try:
+        settings = build(EvalConfig, *_config_layers(config, EvalConfig),
+                         {k: v for k, v in options.items() if v is not None},
+                         {"gate": _gate_text(gate)} if gate else {}, {"limits": _limits(limits).model_dump()} if limits else {},
+                         where="envace eval")
+    except EnvaceError as exc:
+        _fail(exc)
+    target = _suite(settings.suite)
     try:
         configs = [settings] + ([settings.overridden(compare)] if compare else [])
+        for one in configs:
+            one.gate_config()  # a bad gate, or an adapter's bad recommendation, before anything runs
         tasks = select_tasks(target, settings)
-        if transport and transport not in target.transports:
-            raise ValueError(f"suite {suite!r} runs over {', '.join(target.transports)}")
+        if settings.transport and settings.transport not in target.transports:
+            raise ValueError(f"suite {settings.suite!r} runs over {', '.join(target.transports)}")
     except (EnvaceError, ValueError) as exc:
         _fail(exc)
     if not tasks:
-        _fail(ValueError(f"no tasks selected from {suite}/{split}"))
+        _fail(ValueError(f"no tasks selected from {settings.suite}/{settings.split}"))
     folders = [out] if len(configs) == 1 else [out / "a", out / "b"]
-    for config, folder in zip(configs, folders):  # another configuration's runs there: refused before loading
+    for one, folder in zip(configs, folders):  # another configuration's runs there: refused before loading
         try:
-            done = finished_runs(folder, config)
+            done = finished_runs(folder, one)
         except EnvaceError as exc:
             _fail(exc)
-        wanted = {(t.id, r) for t in tasks for r in range(config.repeats)}
+        wanted = {(t.id, r) for t in tasks for r in range(one.repeats)}
         if wanted & set(done):
             console.print(f"resuming {folder}: {len(wanted & set(done))} of {len(wanted)} runs already there")
     with _holding(out):  # one process per folder: two would tear its journal
-        results = [_one(target, tasks, config, folder) for config, folder in zip(configs, folders)]
+        results = [_one(target, tasks, one, folder) for one, folder in zip(configs, folders)]
         _finish(results, out)
 
 
@@ -114,7 +113,7 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
 
         with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
             try:
-                policy = load_policy(settings.model, adapter=settings.adapter, rehearse_adapter=settings.rehearse_adapter,
+                policy = load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
                                      constrain_calls=settings.constrain_calls)
             except EnvaceError as exc:
                 _fail(exc)

@@ -1,6 +1,6 @@
 """`envace eval`: run a suite's tasks (× repeats) through the EnvACE graph, record every run, measure.
 
-    results = await evaluate(get_suite("bank"), tasks, policy, out=Path("runs/bank"), repeats=2)
+    results = await evaluate(get_suite("bank"), tasks, EvalConfig(suite="bank", repeats=2), out=Path("runs/bank"))
 
 Writes `out/results.json` (configuration, summary, one record per run), `out/results.md` and
 `out/results.png`, and every run as a trace in `out/traces/`. A run that crashes is recorded as
@@ -9,8 +9,8 @@ failed (score 0) and the evaluation goes on.
 Each finished run is also journaled to `out/runs.jsonl` as it ends, so an evaluation that is killed
 (a timeout, a lost machine) loses only the runs in flight: the same command resumes it, running what
 is not there yet. The same folder with more tasks (`--limit 96` after `--limit 48`) runs only the new
-ones; another configuration in that folder is refused (`EvalSettings` fields other than the task
-selection and the concurrency must match).
+ones; another configuration in that folder is refused, in one line naming what differs (`EvalConfig`
+apart from the task selection and the concurrency, and the gate it resolved to, must match).
 """
 
 from __future__ import annotations
@@ -20,28 +20,34 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal
 
 import anyio
+from pydantic import Field, field_validator
 
+from envace_mcp.config import Settings, build, parse_text, settings_text
+from envace_mcp.errors import UserError
 from envace_mcp.eval.metrics import run_record, summarize
-from envace_mcp.graph import GateConfig
-from envace_mcp.graph.gate import UNATTENDED, gate_settings
+from envace_mcp.graph.gate import UNATTENDED, GateConfig, RunLimits, adapter_gate, gate_settings
+from envace_mcp.policy.types import REHEARSE_MAX_NEW_TOKENS
 
 
-@dataclass
-class EvalSettings:
-    """One configuration of an evaluation (what `--compare` varies)."""
+
+class EvalConfig(Settings):
+    """One configuration of an evaluation (what `--compare` varies). The defaults are what ships: the
+    embedded model with its shipped adapter, the gate that adapter recommends (unattended: the bundled
+    suites are sandboxes), the rehearse role's own token budget."""
 
     suite: str
-    split: str = "test"
-    limit: int | None = None
+    split: Literal["train", "test", "validation", "fit"] = "test"
+    """`validation`: every 8th train task of each kind; `fit`: the rest of train (the lab's protocol)."""
+    limit: int | None = Field(default=None, ge=1)
     tasks: list[str] | None = None
     model: str | None = None
+    """Hugging Face id or folder, or `vllm:URL`; None: the embedded SmolLM2."""
     adapter: str | None = None
+    """A LoRA adapter folder; None: the shipped one with the embedded model, none with others; "none": none."""
     rehearse_adapter: str | None = None
     """The rehearse role runs the model with this adapter instead of `adapter` (`policy.RolePolicies`)."""
     policy: Literal["model", "reference", "noop"] = "model"
@@ -49,108 +55,95 @@ class EvalSettings:
     solutions and a perfect world model: the adapter's ceiling, and how its scoring is tested) or
     `noop` (answers at once without calling anything: the floor a suite gives for doing nothing)."""
     mode: Literal["real", "simulated", "mixed"] = "real"
-    rehearse: int = 0
+    rehearse: int = Field(default=0, ge=0)
     """Test-time rehearsal: imagined runs before the real one (EnvACE's N)."""
     strategy: Literal["parallel", "sequential"] = "parallel"
-    repeats: int = 1
-    concurrency: int = 8
+    repeats: int = Field(default=1, ge=1)
+    concurrency: int = Field(default=8, ge=1)
     """Runs in flight together; their generations share batches in the policy."""
     transport: Literal["inprocess", "stdio", "http"] | None = None
     """`inprocess` (bundled suites' default), `stdio`, `http`; the τ² suites are stdio only."""
-    gate: dict[str, Any] = field(default_factory=dict)
-    max_new_tokens: int = 160
-    rehearse_max_new_tokens: int | None = None
-    """The rehearse role's own budget (`None`: `max_new_tokens`). A tool's reply can be far longer than a
-    tool call: a retail order runs to ~360 tokens, and a rehearsal cut short parses as no prediction."""
-    temperature: float = 0.0
+    gate: dict[str, Any] = Field(default_factory=dict)
+    """Gate settings over the adapter's recommendation and `UNATTENDED` (`gate_config()`)."""
+    limits: RunLimits = Field(default_factory=RunLimits)
+    max_new_tokens: int = Field(default=160, ge=1)
+    rehearse_max_new_tokens: int = Field(default=REHEARSE_MAX_NEW_TOKENS, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
     seed: int = 0
     constrain_calls: bool = False
     """Decode the act role's tool calls under the tools' schemas (`policy.constrained`)."""
 
-    def overridden(self, spec: str) -> EvalSettings:
-        """A copy with `key=value,key=value` applied (`--compare rehearse=2`, `--compare adapter=DIR`), each
-        value parsed and checked as its field's type says; `none` clears a field that may be None."""
-        from envace_mcp.errors import UserError
+    NESTED: ClassVar[dict[str, type]] = {"gate": GateConfig}
 
-        values = asdict(self)
-        varied = [key for key in values if key not in _SHARED]
-        hints = get_type_hints(EvalSettings)
-        for item in filter(None, (p.strip() for p in spec.split(","))):
-            key, sep, raw = item.partition("=")
-            key = key.strip().replace("-", "_")
-            if not sep or key not in varied:
-                raise UserError(f"--compare takes key=value pairs of: {', '.join(varied)}; got {item!r}")
-            values[key] = _setting(key, hints[key], raw.strip())
-        return EvalSettings(**values)
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate_settings(cls, value: Any) -> Any:
+        return gate_settings(value, "EvalConfig.gate")  # typed and checked as every form of gate settings is
+
+    def adapter_folder(self) -> str | None:
+        """The adapter the model runs with (`default_adapter`); None for the reference and noop policies."""
+        if self.policy != "model":
+            return None
+        from envace_mcp.policy.embedded import default_adapter
+
+        return default_adapter(self.model, self.adapter)
+
+    def gate_config(self) -> GateConfig:
+        """The gate the runs use: GateConfig's defaults, what the world model's adapter recommends (as
+        `envace demo`, `envace run` and the served graph start from), `UNATTENDED`, then `gate`."""
+        world = self.rehearse_adapter if self.rehearse_adapter is not None else self.adapter_folder()
+        return build(GateConfig, adapter_gate(world), UNATTENDED, self.gate, where="EvalConfig.gate")
+
+    def overridden(self, text: str) -> EvalConfig:
+        """A copy with `key=value,...` applied (`--compare rehearse=2`, `--compare adapter=DIR`,
+        `--compare gate.on_unusable=allow`), each value checked as its field's type says; `none` clears a
+        field that may be None. The task selection is what both configurations share."""
+        given = parse_text(text, EvalConfig, "--compare")
+        shared = [key for key in given if key in _SHARED]
+        if shared:
+            raise UserError(f"--compare: both configurations run the same tasks; {shared[0]} cannot differ")
+        return build(EvalConfig, self.model_dump(), given, where="--compare")
 
     def label(self) -> str:
         from envace_mcp._redact import redact
 
         parts = [self.policy if self.policy != "model" else redact(self.model or "embedded")]
-        if self.adapter:
-            parts.append(f"adapter={Path(self.adapter).name}")
+        folder = self.adapter_folder()
+        if folder:
+            parts.append(f"adapter={Path(folder).name}")
         if self.rehearse_adapter:
             parts.append(f"rehearse_adapter={Path(self.rehearse_adapter).name}")
         parts += [f"mode={self.mode}", f"rehearse={self.rehearse}"]
-        if self.rehearse_max_new_tokens is not None and self.rehearse_max_new_tokens != self.max_new_tokens:
+        if self.rehearse_max_new_tokens != REHEARSE_MAX_NEW_TOKENS:
             parts.append(f"rehearse_tokens={self.rehearse_max_new_tokens}")
-        from envace_mcp.graph.gate import GateConfig
-
-        default = asdict(GateConfig(**UNATTENDED))  # two gates on one adapter: two configurations; name what differs
-        changed = {k: v for k, v in sorted(self.gate.items()) if default.get(k) != v}
+        changed = {k: v for k, v in self.gate.items()}  # two gates on one adapter: two configurations
         if changed:
-            parts.append("gate:" + ",".join(f"{k}={v}" for k, v in changed.items()))
+            parts.append("gate:" + settings_text(changed))
+        if self.limits != RunLimits():
+            parts.append("limits:" + settings_text(self.limits.model_dump(exclude_defaults=True)))
         if self.constrain_calls:
             parts.append("constrained")
         return " ".join(parts)
 
 
-_SHARED = ("suite", "split", "limit", "tasks", "gate")
-"""What both configurations of `--compare` share: the same tasks, under the same gate."""
+_SHARED = ("suite", "split", "limit", "tasks")
+"""What both configurations of `--compare` share: the same tasks."""
 _SELECTION = ("limit", "tasks", "concurrency")
 """What may change between an evaluation and its resumption in the same folder."""
 JOURNAL = "runs.jsonl"
-"""`{"settings": ...}`, the configuration, then one `{"run": record}` line per finished run."""
-_AT_LEAST = {"rehearse": 0, "repeats": 1, "concurrency": 1, "max_new_tokens": 1, "rehearse_max_new_tokens": 1,
-             "temperature": 0.0}
+"""`{"settings": ..., "gate": ...}`, the configuration and the gate it resolved to, then one `{"run":
+record}` line per finished run."""
 
 
-def _setting(key: str, hint: Any, raw: str) -> Any:
-    """`raw` as the `EvalSettings` field `key` of type `hint` takes it: None (for `X | None`), a choice of a
-    Literal, an int or float within the CLI's bounds, or a str."""
-    from envace_mcp.errors import UserError
-
-    if get_origin(hint) in (Union, UnionType):
-        if raw.lower() in ("none", ""):
-            return None
-        hint = next(arg for arg in get_args(hint) if arg is not type(None))
-    if get_origin(hint) is Literal:
-        if raw not in get_args(hint):
-            raise UserError(f"--compare: {key} is one of {', '.join(get_args(hint))}, not {raw!r}")
-        return raw
-    if hint is bool:
-        if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise UserError(f"--compare: {key} is true or false, not {raw!r}")
-        return raw.lower() in ("true", "1", "yes")
-    try:
-        value = hint(raw)
-    except ValueError:
-        what = {"int": "an integer", "float": "a number"}.get(hint.__name__, hint.__name__)
-        raise UserError(f"--compare: {key} takes {what}, not {raw!r}") from None
-    if key in _AT_LEAST and value < _AT_LEAST[key]:
-        raise UserError(f"--compare: {key} must be at least {_AT_LEAST[key]:g}, not {value}")
-    return value
-
-
-def select_tasks(suite: Any, settings: EvalSettings) -> list[Any]:
+def select_tasks(suite: Any, settings: EvalConfig) -> list[Any]:
     tasks = [suite.task(t) for t in settings.tasks] if settings.tasks else suite.split(settings.split)
     return tasks[: settings.limit] if settings.limit else tasks
 
 
-def make_policy(settings: EvalSettings, suite: Any, task: Any, base: Any) -> Any:
+def make_policy(settings: EvalConfig, suite: Any, task: Any, base: Any) -> Any:
     """The policy for one run: the loaded model, or the task's reference solution."""
     if settings.policy == "reference":
-        from envace_mcp.eval.reference import reference_roles
+        from envace_mcp.envs.reference import reference_roles
         from envace_mcp.policy.function import FunctionPolicy
 
         return FunctionPolicy(**reference_roles(suite, task))
@@ -161,22 +154,23 @@ def make_policy(settings: EvalSettings, suite: Any, task: Any, base: Any) -> Any
     return base
 
 
-async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, out: Path, policy: Any = None,
+async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, out: Path, policy: Any = None,
                    on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run every task `settings.repeats` times; write results.json / .md / .png and traces under `out`."""
-    from envace_mcp.eval.runner import run_task
+    from envace_mcp.envs.runner import run_task
     from envace_mcp.policy import SamplingParams
     from envace_mcp.policy.types import role_sampling
     from envace_mcp.toolbox import Toolbox
     from envace_mcp.traces import TraceStore
 
-    gate = GateConfig(**gate_settings(settings.gate, "EvalSettings.gate"))  # a bad one writes nothing; run_task: UNATTENDED
+    gate = settings.gate_config()  # a bad one writes nothing
     done = finished_runs(out, settings)
     out.mkdir(parents=True, exist_ok=True)
     journal = _open_journal(out, settings)
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
     sampling = role_sampling(params, settings.rehearse_max_new_tokens)
+    policy = policy if policy is not None or settings.policy != "model" else _load(settings)
     judge = getattr(suite, "judge_required", lambda task: False)
     wanted = {(task.id, repeat) for task in tasks for repeat in range(settings.repeats)}
     records = [r for key, r in done.items() if key in wanted]
@@ -198,7 +192,7 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
                                                       group_id=task.id)
                         else:
                             run = await run_task(suite, task, policy=chosen, toolbox=toolbox, mode=settings.mode,
-                                                 gate=gate, rehearse_n=settings.rehearse, strategy=settings.strategy,
+                                                 gate=gate, limits=settings.limits, rehearse_n=settings.rehearse, strategy=settings.strategy,
                                                  sampling=sampling, store=store, group_id=task.id)
                         destructive = (suite.destructive_calls(task, run.trace)
                                        if hasattr(suite, "destructive_calls") and settings.mode == "real" else None)
@@ -220,32 +214,41 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalSettings, *, 
                             tg.start_soon(one, task, repeat)
     position = {task.id: i for i, task in enumerate(tasks)}
     records.sort(key=lambda r: (position[r["task_id"]], r["repeat"]))
-    results = {"settings": _shown(settings), "label": settings.label(), "suite": suite.name,
+    results = {"settings": _shown(settings), "gate": gate.model_dump(mode="json"), "label": settings.label(),
+               "suite": suite.name,
                "wall_s": time.perf_counter() - started, "resumed": len(wanted & set(done)),
                "summary": summarize(records), "runs": records}
     write_results(out, results)
     return results
 
 
-def _shown(settings: EvalSettings) -> dict[str, Any]:
+def _load(settings: EvalConfig) -> Any:
+    from envace_mcp.policy import load_policy
+
+    return load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
+                       constrain_calls=settings.constrain_calls)
+
+
+def _shown(settings: EvalConfig) -> dict[str, Any]:
     """The settings as files record them: a model's address keeps no credentials (`_redact`)."""
     from envace_mcp._redact import redact
 
-    values = asdict(settings)
+    values = settings.model_dump(mode="json")
     if values["model"]:
         values["model"] = redact(values["model"])
     return values
 
 
-def _settings_key(settings: EvalSettings) -> dict[str, Any]:
-    return json.loads(json.dumps({k: v for k, v in _shown(settings).items() if k not in _SELECTION}, default=str))
+def _settings_key(settings: EvalConfig) -> dict[str, Any]:
+    """What a resumption must match: the configuration apart from the task selection, and the gate it
+    resolved to (an adapter's envace.json may have changed since)."""
+    key = {k: v for k, v in _shown(settings).items() if k not in _SELECTION}
+    return {**key, "resolved_gate": settings.gate_config().model_dump(mode="json")}
 
 
-def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], dict[str, Any]]:
+def finished_runs(out: Path, settings: EvalConfig) -> dict[tuple[str, int], dict[str, Any]]:
     """The runs `out/runs.jsonl` holds for this configuration, by (task id, repeat); crashed runs are
     left out, to be run again. Another configuration's journal is refused; a torn last line is skipped."""
-    from envace_mcp.errors import UserError
-
     path = out / JOURNAL
     text = path.read_text() if path.exists() else ""
     if not text.strip():
@@ -258,12 +261,12 @@ def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], di
     if not isinstance(head, dict) or not isinstance(head.get("settings"), dict):
         raise UserError(f"{path}: not an evaluation journal (its first line names no configuration); "
                         "use another --out")
-    mine = _settings_key(settings)
-    differ = [k for k in sorted(set(mine) | set(head["settings"])) if mine.get(k) != head["settings"].get(k)]
+    from envace_mcp.config import differences
+
+    differ = differences(head["settings"], _settings_key(settings))
     if differ:
-        k = differ[0]
-        raise UserError(f"{out} holds runs of another configuration ({k}: {head['settings'].get(k)!r} there, "
-                        f"{mine.get(k)!r} now); use another --out, or the same settings to resume")
+        raise UserError(f"{out} holds runs of another configuration ({differ[0]}; there → now); use another "
+                        "--out, or the same settings to resume")
     done: dict[tuple[str, int], dict[str, Any]] = {}
     for number, line in enumerate(lines[1:], start=2):
         try:
@@ -278,7 +281,7 @@ def finished_runs(out: Path, settings: EvalSettings) -> dict[tuple[str, int], di
     return done
 
 
-def _open_journal(out: Path, settings: EvalSettings) -> Any:
+def _open_journal(out: Path, settings: EvalConfig) -> Any:
     """`runs.jsonl` to append to, never through a link planted there (`_files.open_append`)."""
     from envace_mcp._files import open_append, write_atomic
 

@@ -219,16 +219,18 @@ async def rehearse(
 
 
 def gate(items: list[Proposal], *, mode: Mode, config: GateConfig, real_calls: int = 0,
-         messages: list[AnyMessage] | None = None, specs: Mapping[str, ToolSpec] | None = None) -> list[Proposal]:
-    """The gate's decision for each call; calls it would run count against the real-call budget in order.
-    `messages` (the conversation so far) and `specs` feed the evidence rules (`gate.Evidence`)."""
+         max_real_calls: int | None = None, messages: list[AnyMessage] | None = None,
+         specs: Mapping[str, ToolSpec] | None = None) -> list[Proposal]:
+    """The gate's decision for each call; calls it would run count against the real-call budget
+    (`max_real_calls`, None: none) in order. `messages` (the conversation so far) and `specs` feed the
+    evidence rules (`gate.Evidence`)."""
     evidence = None
     if messages is not None and config.reads_evidence:
         evidence = Evidence.of(messages, {name: s.annotations.read_only for name, s in (specs or {}).items()})
     out = []
     for p in items:
         decision = decide(p.call, p.spec, p.prediction, mode=mode, config=config, real_calls=real_calls,
-                          evidence=evidence)
+                          max_real_calls=max_real_calls, evidence=evidence)
         real_calls += decision.action in ("execute", "ask")
         out.append(replace(p, decision=decision, gated_spec=spec_digest(p.spec)))
     return out

@@ -15,10 +15,10 @@ from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
 from envace_mcp.graph.acting import Acted, act_async, act_sync
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
-from envace_mcp.graph.gate import Decision, GateConfig, Mode
+from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits, policy_gate
 from envace_mcp.graph.nodes._common import emit
 from envace_mcp.policy.base import Policy
-from envace_mcp.policy.types import ToolCall
+from envace_mcp.policy.types import ToolCall, context_sampling
 from envace_mcp.toolbox import ToolSpec
 from envace_mcp.toolbox.langchain import spec_from_tool
 
@@ -27,11 +27,15 @@ class ToolCallRehearsal:
     """Rehearse, gate and then run (or not) one tool call; records go to the state key `record_key`
     (through a `Command`) and ride on every reply's `additional_kwargs["envace_rehearsal"]`."""
 
-    def __init__(self, policy: Policy, *, gate: GateConfig | None = None, mode: Mode = "real",
-                 tools: list[Any] | None = None, approve: Callable[[calls.ApprovalRequest], Any] | None = None,
+    def __init__(self, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
+                 mode: Mode = "real", tools: list[Any] | None = None,
+                 approve: Callable[[calls.ApprovalRequest], Any] | None = None,
                  record_key: str | None = None, messages_key: str = "messages") -> None:
         self.policy = policy
-        self.gate = gate or GateConfig()
+        self.gate = gate or policy_gate(policy)
+        self.limits = limits or RunLimits()
+        self.sampling = context_sampling(policy).get("rehearse")
+        """The rehearse role's sampling, as every run starts (`policy.types.context_sampling`)."""
         self.mode: Mode = mode
         self.specs: dict[str, ToolSpec] = {}
         self.tools: dict[str, Any] = {}
@@ -93,16 +97,17 @@ class ToolCallRehearsal:
         done, generations = await calls.rehearse(
             pending, policy=self.policy, catalog=list(self.specs.values()), history=messages[:index],
             act_message=calls.raw_act_message(ai), mode=self.mode, config=self.gate,
-            examples=calls.examples_from(self._records(state)), budget=self._rehearsals_left(state))
+            examples=calls.examples_from(self._records(state)), budget=self._rehearsals_left(state),
+            sampling=self.sampling)
         for p, generation in zip(done, generations):
             if generation is not None:
                 emit(runtime, "rehearse", generation, call_id=p.call.id)
         return [p.record() for p, g in zip(done, generations) if g is not None]
 
     def _rehearsals_left(self, state: Any) -> int | None:
-        if self.gate.max_rehearsals is None:
+        if self.limits.max_rehearsals is None:
             return None
-        return self.gate.max_rehearsals - sum(r.get("prediction") is not None for r in self._records(state))
+        return self.limits.max_rehearsals - sum(r.get("prediction") is not None for r in self._records(state))
 
     async def _decided(self, request: Any) -> Proposal:
         """The call with its prediction (rehearsed in `rehearse_turn`, or now) and the gate's decision."""
@@ -125,11 +130,12 @@ class ToolCallRehearsal:
             (p,), (generation,) = await calls.rehearse(
                 [p], policy=self.policy, catalog=list(self.specs.values()), history=history,
                 act_message=calls.raw_act_message(ai) if ai is not None else "", mode=self.mode, config=self.gate,
-                examples=calls.examples_from(records), budget=self._rehearsals_left(request.state))
+                examples=calls.examples_from(records), budget=self._rehearsals_left(request.state),
+                sampling=self.sampling)
             if generation is not None:
                 emit(request.runtime, "rehearse", generation, call_id=call.id)
         return calls.gate([p], mode=self.mode, config=self.gate, real_calls=self._real_calls(request.state),
-                          messages=self._messages(request.state), specs=self.specs)[0]
+                          max_real_calls=self.limits.max_real_calls, messages=self._messages(request.state), specs=self.specs)[0]
 
     def _real_calls(self, state: Any) -> int:
         """Calls of this run that reached a real tool, for `max_real_calls`: from the records in state, or,

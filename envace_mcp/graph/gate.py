@@ -3,20 +3,19 @@
 The gate is code, not text: nothing a tool returns or a model writes can change these rules.
 
     should_rehearse(spec, mode, config)                          -> bool
-    decide(call, spec, prediction, mode=, config=, real_calls=, evidence=)  -> Decision
+    decide(call, spec, prediction, mode=, config=, real_calls=, max_real_calls=, evidence=)  -> Decision
 
 Decisions, in the order they are checked:
 1. `reject`   — unknown tool or arguments violating its input schema (answered without any server);
 2. `simulate` — simulated mode, or a non-read-only tool in mixed mode: the prediction is the answer;
 3. `block`    — a destructive tool whose rehearsal predicts a failure (a policy violation, an error), or,
-   with `block_destructive_on_unusable_rehearsal`, could not be read; or, by the run's own evidence
-   (`Evidence`, no model involved), one the real server already refused (`block_repeated_failures`),
-   one that already succeeded since the user's last message (`block_repeated_writes`) or one with an
-   identifier nobody wrote (`block_ungrounded_arguments`): not executed unless
-   `approve_blocked` routes it to a human (`ask`);
+   with `on_unusable="block"`, could not be read; or, by the run's own evidence (`evidence` rules,
+   no model involved), one the real server already refused (`repeated_failures`), one that already
+   succeeded since the user's last message (`repeated_writes`) or one with an identifier nobody wrote
+   (`ungrounded_arguments`): not executed unless `approve_blocked` routes it to a human (`ask`);
 4. `feedback` — the rehearsal predicts an error for any other tool (or blocking is off): not executed,
    the prediction goes back to the agent so it can revise;
-5. `budget`   — the real-call budget is spent;
+5. `budget`   — the run's real-call budget (`RunLimits.max_real_calls`) is spent;
 6. `ask`      — the configuration wants a human to approve this call (`interrupt()` shows the call and
    its rehearsed outcome);
 7. `execute`  — run it on the real server.
@@ -28,8 +27,11 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, get_args
 
+from pydantic import Field, field_validator, model_validator
+
+from envace_mcp.config import Settings, build, parse_text
 from envace_mcp.errors import UserError
 from envace_mcp.policy.types import Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
@@ -38,9 +40,12 @@ Mode = Literal["real", "simulated", "mixed"]
 Action = Literal["reject", "simulate", "feedback", "block", "budget", "ask", "execute"]
 
 
-@dataclass(frozen=True)
-class GateConfig:
-    """How calls are rehearsed and gated. Each default says why."""
+EvidenceRule = Literal["repeated_failures", "repeated_writes", "ungrounded_arguments"]
+
+
+class GateConfig(Settings):
+    """How calls are rehearsed and gated: the gate's policy. Each default says why. How long a run may go
+    on is not the gate's business: `RunLimits`."""
 
     rehearse: Literal["all", "writes", "none"] = "writes"
     """Rehearse calls to tools not annotated read-only: reads are cheap and safe to just run."""
@@ -48,33 +53,28 @@ class GateConfig:
     """A predicted error is sent back to the agent instead of spending a real call that would fail."""
     block_destructive_on_predicted_failure: bool = True
     """Destructive calls predicted to fail (often policy violations) are where rehearsal pays off most."""
-    min_failure_confidence: float = 0.0
+    on_unusable: Literal["allow", "block"] = "allow"
+    """What a destructive call whose rehearsal is unusable (`Prediction.status == "invalid"`: no parseable
+    reply, or one that breaks the tool's output schema) gets: `block` fails closed, as if the rehearsal
+    predicted a failure; `allow` lets the rest of the gate decide (approval, budget), the call treated as
+    unrehearsed. `allow` here because an untrained world model's rehearsals are mostly unusable, and
+    every write would stop; an adapter whose unusable rehearsals were measured to precede failures
+    recommends `block` in its envace.json (the shipped one does: docs/evidence.md)."""
+    evidence: tuple[EvidenceRule, ...] = ()
+    """Rules that block a destructive call by the run's own evidence, with no model involved:
+    `repeated_failures`: identical (tool and arguments) to one the real server refused earlier in the run,
+    with no write succeeding since — the environment has already answered it;
+    `repeated_writes`: identical to one that already succeeded since the user's last message — it is done,
+    and running it again writes twice or fails (a user who wants it again says so in a new message);
+    `ungrounded_arguments`: it carries an identifier-like string argument (no spaces, not an enum) that
+    appears as a whole token nowhere in the user's messages or in replies of calls that ran without
+    error — an account or order the model made up or mistyped.
+    None by default: each can stop a call a person meant (a retried write, an id they know by heart)."""
+    min_failure_confidence: float = Field(default=0.0, ge=0.0, le=1.0)
     """A predicted failure stops a call (block, feedback) only when the rehearsal was at least this sure of
     it (`Prediction.confidence`; none reported counts as sure). 0 trusts every predicted failure. A
-    threshold trades stops of harmful calls for fewer false blocks only as far as the world model's
-    confidence ranks its mistakes: check that on saved runs first (benchmarks/gate_confidence.py; the
-    embedded 135M model's does not, docs/evidence.md)."""
-    block_destructive_on_unusable_rehearsal: bool = False
-    """Fail closed: block a destructive call whose rehearsal is unusable (`Prediction.status == "invalid"`:
-    no parseable reply, or one that breaks the tool's output schema), as if it predicted a failure. Off by
-    default: an untrained world model's rehearsals are mostly unusable, and every write would stop. With
-    the shipped bank adapter 85 % of such calls failed on bank test (61 of 72; docs/evidence.md)."""
-    block_repeated_failures: bool = False
-    """Block a destructive call identical (tool and arguments) to one the real server refused earlier in
-    the run, when no write has succeeded since: the environment has already answered it. On the shipped
-    bank adapter's runs the same failing order was sent up to 7 times in one task (docs/evidence.md)."""
-    block_repeated_writes: bool = False
-    """Block a destructive call identical (tool and arguments) to one that already succeeded since the
-    user's last message: it is done, and running it again writes twice (a second transfer) or fails
-    (cancelling a cancelled order). A user who wants the same write again says so in a new message, which
-    allows it. On the shipped bank adapter's bank test run 8 of the 62 harmful calls it executed were such
-    repeats, and none of the 23 requested writes was (docs/evidence.md)."""
-    block_ungrounded_arguments: bool = False
-    """Block a destructive call with an identifier-like string argument (no spaces, not an enum; declared
-    by the tool or not) that appears, as a whole token, nowhere in the user's messages or in the replies
-    of calls that ran without error: an account, order or symbol the model made up or mistyped. The calls
-    it stops are those a world model must otherwise recognise from ids alone, which the embedded 135M
-    model does not."""
+    threshold helps only as far as the world model's confidence ranks its mistakes: measure that on saved
+    runs first (docs/evidence.md)."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "destructive", "always"] = "destructive"
@@ -83,17 +83,59 @@ class GateConfig:
     form — CLI, served graph, drop-ins, Python — since a real server's writes cannot be taken back and a
     world model's "no objection" is no consent. `"never"` is the explicit opt-out, for sandboxes (the
     bundled servers in evaluation and training, `UNATTENDED`) and runs nobody can answer."""
-    max_real_calls: int | None = 50
-    """Bounds what one run can do to real systems."""
-    max_rehearsals: int | None = 100
-    """Bounds model time spent rehearsing in one run."""
-    max_steps: int = 12
-    """Agent turns before the run stops (the bundled tasks need at most 7)."""
+
+    MOVED: ClassVar[dict[str, str]] = {
+        key: f"it is a run limit (RunLimits; --limits {key}=N, ENVACE_LIMITS)"
+        for key in ("max_steps", "max_rehearsals", "max_real_calls")}
+    LEGACY_KEYS: ClassVar[tuple[str, ...]] = (
+        "block_destructive_on_unusable_rehearsal", "block_repeated_failures", "block_repeated_writes",
+        "block_ungrounded_arguments")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """Settings written before the evidence rules became one set and failing closed one choice (old
+        adapters' envace.json, recorded runs, journals) read as the new shape."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in cls.MOVED:
+            if key in data:
+                raise ValueError(f"{key} is not a gate setting: {cls.MOVED[key]}")
+        unusable = data.pop("block_destructive_on_unusable_rehearsal", None)
+        if unusable is not None:
+            data.setdefault("on_unusable", "block" if _truth(unusable) else "allow")
+        rules = [rule for rule in get_args(EvidenceRule) if _truth(data.pop(f"block_{rule}", False))]
+        if rules:
+            data["evidence"] = [*rules, *(data.get("evidence") or ())]
+        return data
+
+    @field_validator("evidence", mode="before")
+    @classmethod
+    def _rule_set(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value] if value else []
+        return tuple(sorted(set(value))) if isinstance(value, (list, tuple, set, frozenset)) else value
 
     @property
     def reads_evidence(self) -> bool:
         """Whether any evidence rule is on (`objection`), so the gate needs the run's `Evidence`."""
-        return self.block_repeated_failures or self.block_repeated_writes or self.block_ungrounded_arguments
+        return bool(self.evidence)
+
+
+def _truth(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"))
+
+
+class RunLimits(Settings):
+    """How far one run may go, whatever the gate decides. Each default says why."""
+
+    max_steps: int = Field(default=12, ge=1)
+    """Agent turns before the run stops (the bundled tasks need at most 7)."""
+    max_rehearsals: int | None = Field(default=100, ge=0)
+    """Bounds model time spent rehearsing in one run (None: no bound)."""
+    max_real_calls: int | None = Field(default=50, ge=0)
+    """Bounds what one run can do to real systems (None: no bound)."""
 
 
 UNATTENDED = {"require_approval": "never"}
@@ -102,80 +144,38 @@ evaluation and training on the bundled suites, whose state is reset per episode.
 
 
 ADAPTER_GATE_SETTINGS = ("rehearse", "feedback_on_predicted_error", "block_destructive_on_predicted_failure",
-                         "min_failure_confidence", "block_destructive_on_unusable_rehearsal")
+                         "min_failure_confidence", "on_unusable", *GateConfig.LEGACY_KEYS[:1])
 """What an adapter may recommend in its `envace.json` (`"gate": {...}`): how far to trust its world
-model, as measured with it. Approval and budgets stay the caller's: an adapter cannot turn them off."""
+model, as measured with it. Approval, evidence rules and budgets stay the caller's."""
 
 
 def gate_settings(settings: Any, where: str, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Gate settings as JSON gives them (`{"require_approval": "destructive", "max_steps": 6}`), checked
-    against GateConfig's fields and types (a choice, a bool, a fraction from 0 to 1, a count, `None` where
-    the field allows it), for `GateConfig(**settings)`. `allowed`: the only fields they may set. A bad
-    one is a UserError that starts with `where` and says what the field takes."""
+    """Gate settings as JSON gives them (`{"require_approval": "destructive", "evidence": [...]}`), checked
+    against GateConfig (old keys read as the new shape), as the dict of what they set. `allowed`: the only
+    keys they may set. A bad one is a UserError that starts with `where`."""
     if not isinstance(settings, dict):
         raise UserError(f"{where}: gate settings must be an object of GateConfig fields, not {settings!r}")
-    hints = get_type_hints(GateConfig)
-    for key, value in settings.items():
-        if allowed is not None and key not in allowed:
-            raise UserError(f"{where}: may set only {', '.join(allowed)}, not {key!r}")
-        if key not in hints:
-            raise UserError(f"{where}: unknown setting {key!r}; known: {', '.join(hints)}")
-        expected = _expected(key, hints[key], value)
-        if expected:
-            raise UserError(f"{where}: {key} must be {expected}, not {value!r}")
-    return dict(settings)
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+    checked = build(GateConfig, settings, where=where, allowed=allowed)
+    return {key: getattr(checked, key) for key in GateConfig._legacy(settings)}  # as given, old keys mapped
 
 
 def gate_text(text: str, where: str) -> dict[str, Any]:
-    """Gate settings written as `rehearse=all,require_approval=destructive,max_steps=6` (`--gate`,
-    `ENVACE_GATE`): each value typed like the GateConfig field it sets where the text reads as that type
-    (`yes`/`no` for a bool, `none` where the field allows it), then checked by `gate_settings`. A field
-    named without a value is a UserError starting with `where`."""
-    hints = get_type_hints(GateConfig)
-    given: dict[str, Any] = {}
-    for item in filter(None, text.split(",")):
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip().replace("-", "_"), raw.strip()
-        if key in hints and not sep:
-            raise UserError(f"{where}: {key!r} needs a value ({key}=...)")
-        given[key] = _typed(raw, hints.get(key))
-    return gate_settings(given, where)
+    """Gate settings written as `rehearse=all,require_approval=never,evidence=[repeated_writes]` (`--gate`,
+    `ENVACE_GATE`), checked as `gate_settings` does."""
+    return gate_settings(parse_text(text, GateConfig, where), where)
 
 
-def _typed(raw: str, hint: Any) -> Any:
-    """One value as JSON would give it, typed like its field where the text reads so; else the text, for
-    `gate_settings` to refuse."""
-    if hint is None or get_origin(hint) is Literal:
-        return raw
-    if hint is bool:
-        return True if raw.lower() in _TRUE else False if raw.lower() in _FALSE else raw
-    if type(None) in get_args(hint) and raw.lower() == "none":
-        return None
-    try:
-        return float(raw) if hint is float else int(raw)
-    except ValueError:
-        return raw
+def limits_settings(settings: Any, where: str) -> dict[str, Any]:
+    """Run limits as JSON gives them (`{"max_steps": 6}`), checked, as the dict of what they set."""
+    if not isinstance(settings, dict):
+        raise UserError(f"{where}: run limits must be an object of RunLimits fields, not {settings!r}")
+    checked = build(RunLimits, settings, where=where)
+    return {key: getattr(checked, key) for key in settings}
 
 
-def _expected(key: str, hint: Any, value: Any) -> str | None:
-    """What GateConfig's `key` takes, when `value` is not that; None when it is."""
-    if get_origin(hint) is Literal:
-        return None if value in get_args(hint) else f"one of {', '.join(get_args(hint))}"
-    optional = type(None) in get_args(hint)
-    if value is None and optional:
-        return None
-    if hint is bool:
-        return None if isinstance(value, bool) else "true or false"
-    if hint is float:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return None if number and 0.0 <= value <= 1.0 else "a number from 0 to 1"
-    least = 1 if key == "max_steps" else 0  # counts and budgets
-    if isinstance(value, int) and not isinstance(value, bool) and value >= least:
-        return None
-    return f"a whole number of at least {least}" + (" or null (none on the command line)" if optional else "")
+def limits_text(text: str, where: str) -> dict[str, Any]:
+    """Run limits written as `max_steps=8,max_real_calls=none` (`--limits`, `ENVACE_LIMITS`), checked."""
+    return limits_settings(parse_text(text, RunLimits, where), where)
 
 
 def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
@@ -190,6 +190,15 @@ def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
         return {}
     return gate_settings(saved["gate"], f"{Path(adapter) / FORMAT_FILE} (an adapter's recommendation)",  # type: ignore[arg-type]
                          allowed=ADAPTER_GATE_SETTINGS)
+
+
+def policy_gate(policy: Any, **settings: Any) -> GateConfig:
+    """The gate a run with `policy` starts from: GateConfig's defaults, then what the world model's adapter
+    recommends (`adapter_gate` of `policy.adapter_folder`: the rehearse adapter's, for `RolePolicies`),
+    then `settings`. What the graph, the drop-ins, `envace demo/run/eval` and the served graph all use
+    when no gate is given, so each measures and runs the same configuration."""
+    return build(GateConfig, adapter_gate(getattr(policy, "adapter_folder", None)), settings,
+                 where="the gate settings")
 
 
 @dataclass(frozen=True)
@@ -278,11 +287,11 @@ def _identifiers(arguments: dict[str, Any], schema: dict[str, Any]) -> list[tupl
 def objection(call: ToolCall, spec: ToolSpec, evidence: Evidence, config: GateConfig) -> str | None:
     """Why the run's own evidence says a destructive call should not run (None: it does not)."""
     key = call_key(call.name, call.arguments)
-    if config.block_repeated_failures and key in evidence.refused:
+    if "repeated_failures" in config.evidence and key in evidence.refused:
         return "the server refused this exact call earlier in this run, and no write has succeeded since"
-    if config.block_repeated_writes and key in evidence.done:
+    if "repeated_writes" in config.evidence and key in evidence.done:
         return "this exact call already succeeded earlier in this run, since the user's last message: it is done"
-    if config.block_ungrounded_arguments:
+    if "ungrounded_arguments" in config.evidence:
         for argument, value in _identifiers(call.arguments, spec.input_schema):
             if not evidence.grounded(value):
                 return f"{argument}={value!r} appears nowhere in the user's messages or in any tool's reply"
@@ -326,10 +335,12 @@ def decide(
     mode: Mode,
     config: GateConfig,
     real_calls: int = 0,
+    max_real_calls: int | None = None,
     evidence: Evidence | None = None,
 ) -> Decision:
-    """What happens to one proposed call. Pure: same inputs, same decision. `evidence`: what the run has
-    seen (`Evidence.of(messages)`), for the evidence rules; None skips them."""
+    """What happens to one proposed call. Pure: same inputs, same decision. `real_calls` of
+    `max_real_calls` (None: no budget) already spent; `evidence`: what the run has seen
+    (`Evidence.of(messages)`), for the evidence rules; None skips them."""
     if spec is None:
         return Decision("reject", f"unknown tool '{call.name}'")
     problems = spec.validator.errors(call.arguments)
@@ -349,7 +360,7 @@ def decide(
             return Decision("ask", f"destructive call blocked ({seen}); a human may approve it")
         return Decision("block", f"destructive call blocked: {seen}")
     if spec.annotations.destructive and ((failing and config.block_destructive_on_predicted_failure)
-                                         or (unusable and config.block_destructive_on_unusable_rehearsal)):
+                                         or (unusable and config.on_unusable == "block")):
         why = (f"rehearsal unusable ({prediction.code}), failing closed" if unusable else
                f"rehearsal predicts {prediction.code}{sure}: {prediction.message or prediction.details or 'failure'}")
         if config.approve_blocked:
@@ -358,8 +369,8 @@ def decide(
     if failing and config.feedback_on_predicted_error:
         return Decision("feedback", f"rehearsal predicts {prediction.code}{sure}: "
                                     f"{prediction.message or prediction.details or 'an error'}")
-    if config.max_real_calls is not None and real_calls >= config.max_real_calls:
-        return Decision("budget", f"real-call budget of {config.max_real_calls} spent")
+    if max_real_calls is not None and real_calls >= max_real_calls:
+        return Decision("budget", f"real-call budget of {max_real_calls} spent")
     if config.require_approval == "always" or (config.require_approval == "destructive" and spec.annotations.destructive):
         unread = f"; rehearsal unusable ({prediction.code}), so it predicts nothing" if unusable else ""
         return Decision("ask", f"approval required for {'destructive ' if spec.annotations.destructive else ''}"
@@ -369,5 +380,5 @@ def decide(
                                    f"min_failure_confidence {config.min_failure_confidence:g}")
     if unusable:  # it predicts nothing, so it cannot have raised "no objection"
         return Decision("execute", f"rehearsal unusable ({prediction.code}), so it predicts nothing; run without "
-                                   "a prediction (block_destructive_on_unusable_rehearsal fails closed)")
+                                   "a prediction (on_unusable=block fails closed)")
     return Decision("execute", "rehearsal raised no objection" if prediction is not None else "not rehearsed")

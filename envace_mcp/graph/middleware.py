@@ -40,7 +40,7 @@ from envace_mcp.errors import UserError
 from envace_mcp.graph import calls
 from envace_mcp._sync import run_sync
 from envace_mcp.graph.dropin import ToolCallRehearsal
-from envace_mcp.graph.gate import GateConfig, Mode
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import RehearsalRecord, upsert_records
 from envace_mcp.policy.base import Policy
@@ -65,10 +65,10 @@ class RehearsalMiddleware(AgentMiddleware):
     state_schema = RehearsalState
 
     def __init__(self, policy: Policy, *, tools: list[Any] | None = None, gate: GateConfig | None = None,
-                 mode: Mode = "real", approve: Callable[[calls.ApprovalRequest], Any] | None = None,
-                 memory: bool = True) -> None:
+                 limits: RunLimits | None = None, mode: Mode = "real",
+                 approve: Callable[[calls.ApprovalRequest], Any] | None = None, memory: bool = True) -> None:
         super().__init__()
-        self.core = ToolCallRehearsal(policy, gate=gate, mode=mode, tools=tools, approve=approve,
+        self.core = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                       record_key="rehearsals")
         self.prerehearse = tools is not None
         self.memory = memory

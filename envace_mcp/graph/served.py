@@ -15,12 +15,23 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from envace_mcp.config import build, settings_text
 from envace_mcp.errors import UserError
-from envace_mcp.graph.gate import GateConfig, Mode, adapter_gate, gate_settings, gate_text
+from envace_mcp.graph.gate import (
+    GateConfig,
+    Mode,
+    RunLimits,
+    adapter_gate,
+    gate_settings,
+    gate_text,
+    limits_settings,
+    limits_text,
+)
 from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.policy.types import context_sampling
 from envace_mcp.policy.embedded import default_adapter
 
 logger = logging.getLogger(__name__)
@@ -45,6 +56,11 @@ class ServedContext(EnvaceContext):
     "destructive"}`), over what the loaded world model's adapter recommends (`adapter_gate`, as `envace
     demo` starts from it; `rehearse_adapter`'s when given; nothing when `policy` is given) and GateConfig's
     defaults."""
+    limits: RunLimits | dict[str, Any] | None = None  # type: ignore[assignment]
+    """A `RunLimits`, or its settings as JSON (`{"max_steps": 6}`), over RunLimits' defaults."""
+
+    def __post_init__(self) -> None:
+        pass  # the gate and the limits are built by `load()`, once what the adapter recommends is known
 
     def _needs_toolbox(self) -> bool:
         return self.toolbox is None and bool(self.servers) and self.mode != "simulated"
@@ -54,20 +70,28 @@ class ServedContext(EnvaceContext):
         process-wide, on first use; blocking)."""
         if not isinstance(self.gate, GateConfig):
             self.gate = self._build_gate()  # a bad gate fails before anything loads
+        if not isinstance(self.limits, RunLimits):
+            self.limits = self._build_limits()
         if self.policy is None:
             self.policy = _shared_policy(self.model, self.adapter, self.rehearse_adapter)
         if self._needs_toolbox():
             self.toolbox = _shared_toolbox(self.servers)  # type: ignore[arg-type]
+        if self.sampling is None:
+            self.sampling = context_sampling(self.policy)
         return self
 
     def _build_gate(self) -> GateConfig:
         settings = gate_settings(self.gate or {}, "the context's gate")
         return GateConfig(**{**self._recommended("the context's gate overrides"), **settings})
 
+    def _build_limits(self) -> RunLimits:
+        return RunLimits(**limits_settings(self.limits or {}, "the context's limits"))
+
     def _recommended(self, overridden_by: str) -> dict[str, Any]:
-        """What the world model's adapter recommends (nothing for a policy given as an object), logged."""
+        """What the world model's adapter recommends (for a policy given as an object: its own adapter's,
+        `policy_gate`), logged."""
         if self.policy is not None:
-            return {}
+            return adapter_gate(getattr(self.policy, "adapter_folder", None))
         world = self.rehearse_adapter or default_adapter(self.model, self.adapter)
         recommended = adapter_gate(world)
         if recommended:
@@ -77,7 +101,8 @@ class ServedContext(EnvaceContext):
 
     async def prepare(self) -> ServedContext:
         """`load()` for the graph's nodes: what is still to load is loaded in a worker thread."""
-        if self.policy is None or self._needs_toolbox() or not isinstance(self.gate, GateConfig):
+        if (self.policy is None or self._needs_toolbox() or not isinstance(self.gate, GateConfig)
+                or not isinstance(self.limits, RunLimits) or self.sampling is None):
             import anyio
 
             await anyio.to_thread.run_sync(self.load)
@@ -86,9 +111,9 @@ class ServedContext(EnvaceContext):
 
 # ------------------------------------------------------------------ what a deployment lets callers set
 
-CALLER_CHOICES = ("servers", "model", "adapter", "rehearse_adapter", "mode", "gate")
+CALLER_CHOICES = ("servers", "model", "adapter", "rehearse_adapter", "mode", "gate", "limits")
 """What `ENVACE_ALLOW_CONTEXT` may hand to callers: without it a caller may send each only as the deployment
-has it (the gate: only tighter, `loosened`; the mode: only fewer real calls)."""
+has it (the gate and the limits: only tighter, `loosened`; the mode: only fewer real calls)."""
 
 _ENV = {"servers": "ENVACE_SERVERS", "model": "ENVACE_MODEL", "adapter": "ENVACE_ADAPTER",
         "rehearse_adapter": "ENVACE_REHEARSE_ADAPTER", "mode": "ENVACE_MODE"}
@@ -96,10 +121,9 @@ _SERVICES = ("policy", "toolbox", "tools", "approve")
 _JSON = (str, int, float, dict, list)  # bool is an int
 _APPROVAL = ("never", "destructive", "always")
 _MODES = ("real", "mixed", "simulated")  # fewer real calls to the right: writes, then every call, simulated
-_STOPS_MORE_WHEN_TRUE = ("feedback_on_predicted_error", "block_destructive_on_predicted_failure",
-                         "block_destructive_on_unusable_rehearsal", "block_repeated_failures",
-                         "block_repeated_writes", "block_ungrounded_arguments")
-_BLOCKS_MORE = (*_STOPS_MORE_WHEN_TRUE[1:], "min_failure_confidence", "rehearse")
+_STOPS_MORE_WHEN_TRUE = ("feedback_on_predicted_error", "block_destructive_on_predicted_failure")
+_BLOCKS_MORE = ("block_destructive_on_predicted_failure", "on_unusable", "evidence", "min_failure_confidence",
+                "rehearse")
 
 
 @dataclass(frozen=True)
@@ -107,8 +131,9 @@ class Deployment:
     """What the deployment decides, read from the environment (`env` in langgraph.json): the services
     (`ENVACE_SERVERS`, `ENVACE_MODEL`, `ENVACE_ADAPTER`, `ENVACE_REHEARSE_ADAPTER`, `ENVACE_MODE`), gate
     settings over the adapter's recommendation and GateConfig's defaults (`ENVACE_GATE`: a JSON object or
-    `key=value,...` as `--gate` takes), and what callers may choose themselves (`ENVACE_ALLOW_CONTEXT`:
-    names from `CALLER_CHOICES`, comma-separated; `gate` lets them loosen it too)."""
+    `key=value,...` as `--gate` takes), run limits over RunLimits' defaults (`ENVACE_LIMITS`, as
+    `--limits` takes), and what callers may choose themselves (`ENVACE_ALLOW_CONTEXT`: names from
+    `CALLER_CHOICES`, comma-separated; `gate` and `limits` let them loosen those too)."""
 
     servers: str | None = None
     model: str | None = None
@@ -116,6 +141,7 @@ class Deployment:
     rehearse_adapter: str | None = None
     mode: Mode = "real"
     gate: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
     allow: frozenset[str] = frozenset()
 
     @classmethod
@@ -130,28 +156,30 @@ class Deployment:
             raise UserError(f"ENVACE_ALLOW_CONTEXT: unknown {', '.join(sorted(allow - set(CALLER_CHOICES)))}; "
                             f"known: {', '.join(CALLER_CHOICES)}")
         return cls(**{name: env.get(var) or None for name, var in _ENV.items() if name != "mode"}, mode=mode,
-                   gate=_deployed_gate(env.get("ENVACE_GATE", "")), allow=allow)
+                   gate=_deployed(env.get("ENVACE_GATE", ""), "ENVACE_GATE", gate_text, gate_settings),
+                   limits=_deployed(env.get("ENVACE_LIMITS", ""), "ENVACE_LIMITS", limits_text, limits_settings),
+                   allow=allow)
 
 
-def _deployed_gate(text: str) -> dict[str, Any]:
-    """`ENVACE_GATE`: a JSON object, or `key=value,...` as `--gate` takes it (`gate.gate_text`)."""
+def _deployed(text: str, where: str, from_text: Any, from_json: Any) -> dict[str, Any]:
+    """`ENVACE_GATE` / `ENVACE_LIMITS`: a JSON object, or `key=value,...` as the CLI option takes it."""
     if not text.strip().startswith("{"):
-        return gate_text(text, "ENVACE_GATE")
+        return from_text(text, where)
     try:
         settings = json.loads(text)
     except ValueError as exc:
-        raise UserError(f"ENVACE_GATE: not a JSON object ({exc})") from None
-    return gate_settings(settings, "ENVACE_GATE")
+        raise UserError(f"{where}: not a JSON object ({exc})") from None
+    return from_json(settings, where)
 
 
-def loosened(deployed: GateConfig, settings: Mapping[str, Any], whose: str = "the deployment's") -> str | None:
+def loosened(deployed: GateConfig, settings: Mapping[str, Any], whose: str = "the deployment's",
+             limits: RunLimits | None = None) -> str | None:
     """Why `settings` over `deployed` would let a call through that `deployed` stops, naming the first
     setting that does; None when every one is at least as strict. A stop is a call not run without a human
-    (block, feedback, the budget) or one a human approves first (ask). Not tighter either way:
-    `max_rehearsals` (fewer leave writes unrehearsed, more spend the deployment's model time) and widening
-    `rehearse` from `writes` to `all` under a rehearsal budget (rehearsed reads spend what writes need);
-    and with `approve_blocked` on, what blocks more turns feedback and budget stops into questions."""
-    merged = replace(deployed, **settings)
+    (block, feedback) or one a human approves first (ask). Not tighter either way: widening `rehearse`
+    from `writes` to `all` under a rehearsal budget (`limits.max_rehearsals`: rehearsed reads spend what
+    writes need); and with `approve_blocked` on, what blocks more turns feedback stops into questions."""
+    merged = deployed.model_copy(update=dict(settings))
     for key, value in settings.items():
         old = getattr(deployed, key)
         if value == old:
@@ -161,21 +189,39 @@ def loosened(deployed: GateConfig, settings: Mapping[str, Any], whose: str = "th
             why = "asks a human about fewer calls"
         elif key in _STOPS_MORE_WHEN_TRUE and not value:
             why = "stops fewer calls"
+        elif key == "on_unusable" and value == "allow":
+            why = "runs calls whose rehearsal could not be read"
+        elif key == "evidence" and set(old) - set(value):
+            why = f"drops the evidence rule {sorted(set(old) - set(value))[0]}"
         elif key == "approve_blocked" and value:
             why = "lets a human run calls the gate blocks"
-        elif key in ("max_real_calls", "max_steps") and (value is None or (old is not None and value > old)):
-            why = "raises a budget"
         elif key == "min_failure_confidence" and value > old:
             why = "trusts fewer predicted failures"
-        elif key == "max_rehearsals":
-            why = "changes the rehearsal budget (fewer leave calls unrehearsed, more spend model time)"
-        elif key == "rehearse" and not (old == "none" or (value == "all" and merged.max_rehearsals is None)):
+        elif key == "rehearse" and not (old == "none" or (value == "all" and limits is not None
+                                                          and limits.max_rehearsals is None)):
             why = ("rehearses fewer calls" if value == "none" or old == "all" else
                    "spends the rehearsal budget on reads, leaving writes unrehearsed")
         elif key in _BLOCKS_MORE and merged.approve_blocked:
-            why = "sends calls feedback or the budget stops to a human instead (approve_blocked is on)"
+            why = "sends calls feedback stops to a human instead (approve_blocked is on)"
         if why:
             return f"{key}={json.dumps(value)} over {whose} {json.dumps(old)} {why}"
+    return None
+
+
+def limits_loosened(deployed: RunLimits, settings: Mapping[str, Any], whose: str = "the deployment's") -> str | None:
+    """Why `settings` over `deployed` would let a run go further, naming the first limit that does. A
+    changed rehearsal budget counts either way: fewer leave writes unrehearsed, more spend model time."""
+    for key, value in settings.items():
+        old = getattr(deployed, key)
+        if value == old:
+            continue
+        if key == "max_rehearsals":
+            why = "changes the rehearsal budget (fewer leave calls unrehearsed, more spend model time)"
+        elif value is None or (old is not None and value > old):
+            why = "raises a budget"
+        else:
+            continue
+        return f"{key}={json.dumps(value)} over {whose} {json.dumps(old)} {why}"
     return None
 
 
@@ -218,11 +264,22 @@ class DeployedContext(ServedContext):
         deployment = Deployment.from_env()
         deployed = GateConfig(**{**self._recommended("ENVACE_GATE, then the run's context, override"),
                                  **deployment.gate})
-        why = None if "gate" in deployment.allow else loosened(deployed, settings)
+        limits = build(RunLimits, deployment.limits, where="ENVACE_LIMITS")
+        why = None if "gate" in deployment.allow else loosened(deployed, settings, limits=limits)
         if why:
             raise UserError(f"the context's gate may only tighten the deployment's: {why} "
                             "(ENVACE_ALLOW_CONTEXT=gate lets callers loosen it)")
-        return replace(deployed, **settings)
+        return deployed.model_copy(update=settings)
+
+    def _build_limits(self) -> RunLimits:
+        deployment = Deployment.from_env()
+        deployed = build(RunLimits, deployment.limits, where="ENVACE_LIMITS")
+        settings = limits_settings(self.limits or {}, "the context's limits")
+        why = None if "limits" in deployment.allow else limits_loosened(deployed, settings)
+        if why:
+            raise UserError(f"the context's limits may only tighten the deployment's: {why} "
+                            "(ENVACE_ALLOW_CONTEXT=limits lets callers loosen them)")
+        return deployed.model_copy(update=settings)
 
 
 _ANNOUNCED: set[tuple[str, str]] = set()
@@ -232,7 +289,7 @@ _ANNOUNCING = threading.Lock()
 def _announce(recommended: dict[str, Any], folder: Any, whose: str, overridden_by: str) -> None:
     """Log an adapter's recommended gate once per process (every run applies it), as `envace demo` prints
     it; at WARNING where it stops fewer calls than GateConfig's defaults."""
-    shown = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in recommended.items())
+    shown = settings_text(recommended)
     with _ANNOUNCING:
         if (str(folder), shown) in _ANNOUNCED:
             return

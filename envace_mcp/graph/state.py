@@ -19,9 +19,9 @@ from pydantic import PlainValidator, WithJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
 from envace_mcp.graph.calls import ApprovalRequest, RehearsalRecord
-from envace_mcp.graph.gate import GateConfig, Mode
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, policy_gate
 from envace_mcp.policy.base import Policy
-from envace_mcp.policy.types import Role, SamplingParams
+from envace_mcp.policy.types import Role, SamplingParams, context_sampling
 from envace_mcp.toolbox import ToolBackend, ToolSpec
 
 
@@ -79,17 +79,30 @@ class EnvaceContext:
     policy: PolicyService = None
     toolbox: ToolBackendService = None
     tools: ToolSpecs = None
-    gate: GateConfig = field(default_factory=GateConfig)
+    gate: GateConfig = None  # type: ignore[assignment]
+    """How calls are rehearsed and gated; None (the default): `policy_gate(policy)`, GateConfig's defaults
+    under what the policy's adapter recommends."""
+    limits: RunLimits = field(default_factory=RunLimits)
+    """How far the run may go (turns, rehearsals, real calls)."""
     mode: Mode = "real"
     instructions: str | None = None
     """Domain policy shown to the act role (e.g. the servers' instructions)."""
-    sampling: dict[Role, SamplingParams] = field(default_factory=dict)
+    sampling: dict[Role, SamplingParams] = None  # type: ignore[assignment]
+    """Per-role sampling; None (the default): as every run starts (`policy.types.run_sampling`: greedy,
+    the rehearse role with its own token budget), unless the policy was given sampling of its own
+    (`context_sampling`). `{}`: the policy's own defaults (training rollouts)."""
     memory_items: int = 8
     """Most recent rehearsal records rendered into the act prompt."""
     approve: ApproverService = None
     """Who answers the gate's `ask` decisions inside the run (a terminal prompt, a rule). `None`: the
     act node calls LangGraph's `interrupt()` and the caller resumes with `Command(resume=...)` (needs a
     checkpointer)."""
+
+    def __post_init__(self) -> None:
+        if self.gate is None:
+            self.gate = policy_gate(self.policy)
+        if self.sampling is None:
+            self.sampling = context_sampling(self.policy)
 
     async def prepare(self) -> EnvaceContext:
         """Called by every node before it uses a service; the served graph's context loads them here."""

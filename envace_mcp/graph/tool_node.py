@@ -21,7 +21,7 @@ from langgraph.prebuilt import ToolNode
 
 from envace_mcp.errors import UserError
 from envace_mcp.graph.dropin import ToolCallRehearsal
-from envace_mcp.graph.gate import GateConfig, Mode
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, policy_gate
 from envace_mcp.policy.base import Policy
 
 
@@ -38,9 +38,9 @@ class RehearsingToolNode(ToolNode):
         **kwargs: `ToolNode`'s own (`handle_tool_errors`, `messages_key`, `name`, `tags`).
     """
 
-    def __init__(self, tools: Any, policy: Policy, *, gate: GateConfig | None = None, mode: Mode = "real",
-                 approve: Any = None, record_key: str | None = None, **kwargs: Any) -> None:
-        gate = gate or GateConfig()
+    def __init__(self, tools: Any, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
+                 mode: Mode = "real", approve: Any = None, record_key: str | None = None, **kwargs: Any) -> None:
+        gate = gate or policy_gate(policy)
         if approve is None and (gate.require_approval != "never" or gate.approve_blocked):
             raise UserError(f"RehearsingToolNode: the gate asks before {gate.require_approval} calls, and a tool node "
                             "asks through `approve=` (a callable given the call and its rehearsed outcome): it runs all "
@@ -51,6 +51,6 @@ class RehearsingToolNode(ToolNode):
         if hasattr(tools, "langchain_tools"):
             tools = tools.langchain_tools()
         tools = list(tools)
-        self.rehearsal = ToolCallRehearsal(policy, gate=gate, mode=mode, tools=tools, approve=approve,
+        self.rehearsal = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                            record_key=record_key, messages_key=kwargs.get("messages_key", "messages"))
         super().__init__(tools, wrap_tool_call=self.rehearsal.wrap, awrap_tool_call=self.rehearsal.awrap, **kwargs)

@@ -40,8 +40,8 @@ class Attempt:
         (a predicted failure is what rehearsal is for), or the gate's refusal without its rehearsed outcome.
 
         A simulated tool's values are the world model's guesses; they stay out of the memory (with the
-        imagined final answer), because the committed run copied them into its answer as if they were
-        facts (bank validation: an imagined balance of $1,550 quoted over the real $5,970)."""
+        imagined final answer), because a committed run copies them into its answer as if they were
+        facts (an imagined balance quoted over the real one)."""
         replies = {m.tool_call_id: m for m in self.state.get("messages", []) if isinstance(m, ToolMessage)}
         lines = []
         for message in self.state.get("messages", []):

@@ -56,6 +56,9 @@ class PromptPolicy(ABC):
     def __init__(self, *, sampling: SamplingParams | None = None, role_sampling: dict[Role, SamplingParams] | None = None):
         self.sampling = sampling or SamplingParams()
         self.role_sampling = dict(role_sampling or {})
+        self.sampling_given = sampling is not None or bool(role_sampling)
+        """Whether the caller chose how this policy samples: a run's context then leaves it to the policy
+        instead of starting from `types.run_sampling` (`types.context_sampling`)."""
 
     def _sampling(self, role: Role, override: SamplingParams | None) -> SamplingParams:
         chosen = override or self.role_sampling.get(role) or self.sampling

@@ -1,13 +1,12 @@
 """Two policies behind one: the act role (and critique) from one, the rehearse role from another.
 
-EnvACE trains one model in both roles. At 135M parameters with one LoRA adapter that is a trade: rows
-that teach the world model the agent's own errors (mostly the server's refusals) pulled the shared
-weights toward refusing, and the act role stopped calling tools (docs/evidence.md, fifteenth session),
-while the same adapter's rehearse role had learnt to foresee 14 of 19 of the agent's held-out failing
-calls (the sixteenth). `RolePolicies` pairs an agent with a world model trained apart — the same base
-model with a second adapter (`load_policy(..., rehearse_adapter=DIR)`), or any other policy — and
-leaves the graph, the gate and the traces as they are. (That pairing is measured in docs/evidence.md,
-sixteenth session: more failing writes stopped, fewer tasks solved.)
+EnvACE trains one model in both roles. With a small model and one LoRA adapter that is a trade: rows
+that teach the world model the agent's own errors (mostly the server's refusals) pull the shared
+weights toward refusing, and the act role can stop calling tools while its rehearse role learns to
+foresee the agent's failures. `RolePolicies` pairs an agent with a world model trained apart — the same
+base model with a second adapter (`load_policy(..., rehearse_adapter=DIR)`), or any other policy — and
+leaves the graph, the gate and the traces as they are. What the pairing does on the bundled bank suite
+is measured in docs/evidence.md ("The gate").
 
 Cost: each policy holds its own weights (a second copy of the base model for a second adapter on the
 transformers backend; with `vllm:` two clients of one server, each hot-loading its adapter under a
@@ -44,6 +43,15 @@ class RolePolicies:
     @property
     def tool_format(self) -> str | None:
         return getattr(self.act_policy, "tool_format", None)
+
+    @property
+    def sampling_given(self) -> bool:
+        return bool(getattr(self.act_policy, "sampling_given", False) or getattr(self.rehearse_policy, "sampling_given", False))
+
+    @property
+    def adapter_folder(self) -> Any:
+        """The world model's adapter: its envace.json says how far to trust its rehearsals."""
+        return getattr(self.rehearse_policy, "adapter_folder", None)
 
     @property
     def rehearse_format(self) -> str | None:

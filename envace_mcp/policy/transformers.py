@@ -37,7 +37,7 @@ class TransformersPolicy(TokenPolicy):
         model, tokenizer: a loaded causal LM and its tokenizer (see `from_pretrained`).
         enable_thinking: passed to chat templates that have the switch (Qwen3).
         tool_format: how tools are written for templates without native tool support (`tool_text`):
-            "json" (what the shipped adapter was trained on) or "compact" (a third of the tokens).
+            "json" (every schema in full) or "compact" (a third of the tokens; the shipped adapter's).
         rehearse_format: "simulator" (EnvACE's fresh-chat prompt) or "inline" (continue the act
             context with the tool's reply; see `RehearseFormat`).
         seed: seeds the per-request RNG used when a request has no seed of its own.
@@ -78,6 +78,8 @@ class TransformersPolicy(TokenPolicy):
         self._rng = random.Random(seed)
         self.constrain_calls = constrain_calls
         self._token_text: TokenText | None = None
+        self.adapter_folder: str | Path | None = None
+        """The LoRA adapter folder the weights were loaded with: its envace.json recommends a gate."""
 
     @classmethod
     def from_pretrained(
@@ -105,7 +107,9 @@ class TransformersPolicy(TokenPolicy):
         lm.eval()
         for key, value in adapter_formats(adapter).items():  # prompts as the adapter learned them, unless told otherwise
             kwargs.setdefault(key, value)
-        return cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
+        policy = cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
+        policy.adapter_folder = adapter
+        return policy
 
     # ------------------------------------------------------------------ generation
 

@@ -18,6 +18,11 @@ from envace_mcp.traces.schema import RehearseFormat
 
 Role = Literal["act", "rehearse", "critique"]
 
+REHEARSE_MAX_NEW_TOKENS = 400
+"""The rehearse role's token budget wherever a run starts (`envace demo/run/eval`, the served graph): a
+tool's reply can be far longer than a tool call (a retail order runs to ~360 tokens), and a rehearsal cut
+short parses as no prediction."""
+
 
 def role_sampling(params: SamplingParams, rehearse_max_new_tokens: int | None = None) -> dict[Role, SamplingParams]:
     """`params` for every role, the rehearse role with its own token budget when given (`None`: the same).
@@ -25,6 +30,22 @@ def role_sampling(params: SamplingParams, rehearse_max_new_tokens: int | None = 
     rehearse = (params if rehearse_max_new_tokens is None
                 else params.model_copy(update={"max_new_tokens": rehearse_max_new_tokens}))
     return {"act": params, "rehearse": rehearse, "critique": params}
+
+
+def context_sampling(policy: Any) -> dict[Role, SamplingParams]:
+    """A run's per-role sampling when its context names none: `run_sampling`, unless the policy was given
+    sampling of its own (`load_policy(sampling=..., role_sampling=...)`), which it then keeps (`{}`)."""
+    return {} if getattr(policy, "sampling_given", False) else run_sampling()
+
+
+def run_sampling(max_new_tokens: int = 160, temperature: float = 0.0, seed: int = 0,
+                 rehearse_max_new_tokens: int = REHEARSE_MAX_NEW_TOKENS) -> dict[Role, SamplingParams]:
+    """How a run samples unless told otherwise, in every form (`envace demo/run/eval`, the graph's
+    context, the served graph, the drop-ins): greedy, so a run can be repeated; 160 tokens for a turn of
+    the agent, `REHEARSE_MAX_NEW_TOKENS` for a rehearsal. Training rollouts sample at the policy's own
+    temperature instead (EnvACE's 1.0)."""
+    return role_sampling(SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed),
+                         rehearse_max_new_tokens)
 
 
 

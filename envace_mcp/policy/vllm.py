@@ -178,6 +178,7 @@ class VLLMPolicy(TokenPolicy):
         self.model = name
         for key, value in (adapter_formats(folder) if formats else {}).items():
             setattr(self, key, value)
+        self.adapter_folder = folder
         return name
 
     def _pause(self) -> bool:

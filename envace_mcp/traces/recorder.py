@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import inspect
 import time
 import uuid
@@ -33,9 +32,10 @@ class TraceRecorder:
         defaults: dict[str, Any] = {}
         if context is not None:
             defaults["mode"] = getattr(context, "mode", "real")
-            gate = getattr(context, "gate", None)
-            if gate is not None and dataclasses.is_dataclass(gate):
-                defaults["gate"] = dataclasses.asdict(gate)
+            for name in ("gate", "limits"):  # settings models (pydantic): recorded as their JSON
+                settings = getattr(context, name, None)
+                if hasattr(settings, "model_dump"):
+                    defaults[name] = settings.model_dump(mode="json")
             sampling = getattr(context, "sampling", None) or {}
             defaults["sampling"] = {role: s.model_dump(mode="json") for role, s in sampling.items()}
             policy = getattr(context, "policy", None)

@@ -9,7 +9,10 @@ One `Trace` per graph run; its `steps` in order. A step is one of:
 
 Versioned: `schema_version` is bumped on any change of meaning, and `read_trace` upgrades older
 versions. Version 2 added the rehearse prompt format (`Trace.rehearse_format`, and on rehearse steps
-`format` and, for inline rehearsals, `close`); version 1 traces are all EnvACE simulator prompts. `docs/trace.schema.json` is generated from these models (`python -m envace_mcp.traces.schema`).
+`format` and, for inline rehearsals, `close`); version 1 traces are all EnvACE simulator prompts.
+Version 3 split the run limits out of `gate` into `limits`, made the evidence rules one `evidence` list
+and failing closed one `on_unusable` choice; version 2 gates are read in that shape.
+`docs/trace.schema.json` is generated from these models (`python -m envace_mcp.traces.schema`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from envace_mcp._redact import redact
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 StepRole = Literal["act", "rehearse", "critique", "gate", "tool"]
 RehearseFormat = Literal["simulator", "inline"]
@@ -113,6 +116,9 @@ class Trace(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)
     """Per role (`act`, `rehearse`, `critique`)."""
     gate: dict[str, Any] = Field(default_factory=dict)
+    """The gate's settings (`GateConfig`) the run was gated with."""
+    limits: dict[str, Any] = Field(default_factory=dict)
+    """The run's limits (`RunLimits`: turns, rehearsals, real calls)."""
     rehearsal: dict[str, Any] = Field(default_factory=dict)
     """Test-time rehearsal settings (`n`, `strategy`) when used."""
     rehearse_format: RehearseFormat = "simulator"
@@ -147,6 +153,8 @@ def read_trace(data: dict[str, Any]) -> Trace:
         raise ValueError(f"trace schema version {version} is newer than this envace-mcp reads ({SCHEMA_VERSION})")
     if version < 2:
         data = _from_v1(data)
+    if version < 3:
+        data = _from_v2(data)
     return Trace.model_validate(data)
 
 
@@ -154,7 +162,25 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
     """Version 1 had one rehearse prompt, EnvACE's simulator chat."""
     steps = [{**s, "format": "simulator"} if isinstance(s, dict) and s.get("role") == "rehearse" else s
              for s in data.get("steps", [])]
-    return {**data, "schema_version": SCHEMA_VERSION, "rehearse_format": "simulator", "steps": steps}
+    return {**data, "schema_version": 2, "rehearse_format": "simulator", "steps": steps}
+
+
+_LIMITS = ("max_steps", "max_rehearsals", "max_real_calls")
+_EVIDENCE = ("repeated_failures", "repeated_writes", "ungrounded_arguments")
+
+
+def _from_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 kept the run limits in `gate`, each evidence rule as a `block_<rule>` flag and failing
+    closed as `block_destructive_on_unusable_rehearsal`."""
+    old = data.get("gate") if isinstance(data.get("gate"), dict) else {}
+    gate = {k: v for k, v in old.items() if k not in _LIMITS and not k.startswith("block_")
+            or k == "block_destructive_on_predicted_failure"}
+    if "block_destructive_on_unusable_rehearsal" in old:
+        gate["on_unusable"] = "block" if old["block_destructive_on_unusable_rehearsal"] else "allow"
+    if any(f"block_{rule}" in old for rule in _EVIDENCE):
+        gate["evidence"] = [rule for rule in _EVIDENCE if old.get(f"block_{rule}")]
+    limits = {k: old[k] for k in _LIMITS if k in old}
+    return {**data, "schema_version": SCHEMA_VERSION, "gate": gate, "limits": {**limits, **data.get("limits", {})}}
 
 
 def json_schema() -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 
 from envace_mcp.envs import Action, get_suite, run_task
 from envace_mcp.envs.reference import reference_roles
-from envace_mcp.graph import GateConfig
+from envace_mcp.graph import GateConfig, RunLimits
 from envace_mcp.testing import FunctionPolicy
 from envace_mcp.toolbox import Toolbox
 
@@ -18,8 +18,8 @@ def replay_policy(suite, task, *, actions=None, answer=None) -> FunctionPolicy:
     return FunctionPolicy(act=reference_roles(suite, task, actions=actions, answer=answer)["act"])
 
 
-def real_gate(task) -> GateConfig:
-    return GateConfig(rehearse="none", max_steps=len(task.actions) + 3)
+def replay_limits(task) -> RunLimits:
+    return RunLimits(max_steps=len(task.actions) + 3)
 
 
 async def replay_all(suite, tasks, **changes) -> dict[str, float]:
@@ -33,7 +33,7 @@ async def replay_all(suite, tasks, **changes) -> dict[str, float]:
                 async with limiter:
                     change = changes.get("change", lambda t: {})(task)
                     run = await run_task(suite, task, policy=replay_policy(suite, task, **change), toolbox=toolbox,
-                                         gate=real_gate(task))
+                                         gate=GateConfig(rehearse="none"), limits=replay_limits(task))
                     scores[task.id] = run.verdict.score
 
             async with anyio.create_task_group() as tg:

@@ -17,8 +17,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations as Hints
 
 from envace_mcp.errors import UserError
-from envace_mcp.eval import Episode
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.envs import Episode
+from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
 from envace_mcp.graph.acting import Run, act_async
 from envace_mcp.graph.calls import Proposal, spec_digest
 from envace_mcp.graph.gate import Decision
@@ -338,7 +338,7 @@ async def test_a_tool_node_without_a_record_key_still_keeps_to_the_real_call_bud
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         node = RehearsingToolNode(toolbox.scoped(episode.meta), ScriptedPolicy(),
-                                  gate=GateConfig(require_approval="never", max_real_calls=2))
+                                  gate=GateConfig(require_approval="never"), limits=RunLimits(max_real_calls=2))
         out = await hand_built(model, node).ainvoke({"messages": [HumanMessage(content=task.instruction)]})
     replies = [m for m in out["messages"] if isinstance(m, ToolMessage)]
     assert [m.status for m in replies] == ["success", "success", "error"]

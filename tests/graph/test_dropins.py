@@ -9,7 +9,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from envace_mcp.eval import Episode
+from envace_mcp.envs import Episode
 from envace_mcp.graph import GateConfig
 from envace_mcp.graph.tool_node import RehearsingToolNode
 from envace_mcp.testing import ScriptedPolicy
@@ -340,7 +340,7 @@ async def test_the_middlewares_gate_reads_the_agents_own_conversation_for_its_ev
              for i, args in enumerate((made_up, too_much, too_much))]
     model = ToolCallingFake(messages=iter([*turns, AIMessage(content="I could not move it.")]))
     policy = ScriptedPolicy(rehearse=[ok(made_up), ok(too_much), ok(too_much)])
-    gate = GateConfig(block_ungrounded_arguments=True, block_repeated_failures=True, require_approval="never")
+    gate = GateConfig(evidence=["ungrounded_arguments", "repeated_failures"], require_approval="never")
     episode = Episode(task, "bank")
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         agent = create_agent(model, tools=toolbox.langchain_tools(meta=episode.meta),

@@ -22,10 +22,11 @@ FAILS = Prediction(tool="transfer", status="tool_error", code="EXECUTION_ERROR",
 FINE = Prediction(tool="transfer", status="result", result={"ok": True})
 
 
-def d(call, spec, prediction=None, mode="real", real_calls=0, **config):
+def d(call, spec, prediction=None, mode="real", real_calls=0, max_real_calls=None, **config):
     """The gate's rules apart from approval (opted out here; the default is checked on its own)."""
     config = {"require_approval": "never", **config}
-    return decide(call, spec, prediction, mode=mode, config=GateConfig(**config), real_calls=real_calls)
+    return decide(call, spec, prediction, mode=mode, config=GateConfig(**config), real_calls=real_calls,
+                  max_real_calls=max_real_calls)
 
 
 def test_by_default_every_destructive_call_waits_for_approval_and_reads_run():
@@ -92,13 +93,13 @@ def test_budgets_and_approval_rules():
 def test_an_invalid_rehearsal_stops_a_destructive_call_only_when_the_gate_fails_closed():
     garbled = Prediction(tool="transfer", status="invalid", code="OUTPUT_SCHEMA_MISMATCH")
     assert d(OK, WRITE, garbled).action == "execute"  # by default
-    closed = d(OK, WRITE, garbled, block_destructive_on_unusable_rehearsal=True)
+    closed = d(OK, WRITE, garbled, on_unusable="block")
     assert closed.action == "block" and "unusable (OUTPUT_SCHEMA_MISMATCH)" in closed.reason
-    assert d(OK, WRITE, garbled, block_destructive_on_unusable_rehearsal=True, approve_blocked=True).action == "ask"
+    assert d(OK, WRITE, garbled, on_unusable="block", approve_blocked=True).action == "ask"
     call = ToolCall(id="3", name="add_note", arguments={})  # not destructive: it runs, no feedback to give
-    assert d(call, SAFE_WRITE, garbled, block_destructive_on_unusable_rehearsal=True).action == "execute"
-    assert d(OK, WRITE, FINE, block_destructive_on_unusable_rehearsal=True).action == "execute"
-    assert d(OK, WRITE, None, block_destructive_on_unusable_rehearsal=True).action == "execute"  # not rehearsed
+    assert d(call, SAFE_WRITE, garbled, on_unusable="block").action == "execute"
+    assert d(OK, WRITE, FINE, on_unusable="block").action == "execute"
+    assert d(OK, WRITE, None, on_unusable="block").action == "execute"  # not rehearsed
 
 
 def test_a_predicted_failure_stops_a_call_only_when_the_rehearsal_was_sure_enough_of_it():
@@ -119,17 +120,20 @@ def test_an_adapter_recommends_how_far_to_trust_its_world_model_and_nothing_else
     assert adapter_gate(None) == {} and adapter_gate(tmp_path) == {}  # no envace.json: no recommendation
     (tmp_path / "envace.json").write_text(json.dumps({"tool_format": "compact"}))
     assert adapter_gate(tmp_path) == {}
-    wanted = {"block_destructive_on_unusable_rehearsal": True, "min_failure_confidence": 0.5, "rehearse": "all"}
+    wanted = {"on_unusable": "block", "min_failure_confidence": 0.5, "rehearse": "all"}
     (tmp_path / "envace.json").write_text(json.dumps({"tool_format": "compact", "gate": wanted}))
     assert adapter_gate(tmp_path) == wanted
     config = GateConfig(**adapter_gate(tmp_path), require_approval="destructive")
-    assert config.block_destructive_on_unusable_rehearsal and config.rehearse == "all"
+    assert config.on_unusable == "block" and config.rehearse == "all"
+    # an adapter saved before failing closed became one choice still reads, as the new shape
+    (tmp_path / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True}}))
+    assert adapter_gate(tmp_path) == {"on_unusable": "block"}
     for bad, says in [({"require_approval": "never"}, "recommendation.*may set only"),  # approval stays the caller's
                       ({"max_real_calls": None}, "may set only"),
-                      ({"block_destructive_on_unusable_rehearsal": "yes"}, "must be true or false"),
-                      ({"min_failure_confidence": 2}, "must be a number from 0 to 1, not 2"),
-                      ({"min_failure_confidence": True}, "must be a number from 0 to 1"),
-                      ({"rehearse": "some"}, "rehearse must be one of all, writes, none"),
+                      ({"evidence": ["repeated_writes"]}, "may set only"),  # the run's own evidence too
+                      ({"on_unusable": "maybe"}, "on_unusable must be 'allow' or 'block', not 'maybe'"),
+                      ({"min_failure_confidence": 2}, "must be less than or equal to 1, not 2"),
+                      ({"rehearse": "some"}, "rehearse must be 'all', 'writes' or 'none'"),
                       (["rehearse"], "must be an object")]:
         (tmp_path / "envace.json").write_text(json.dumps({"gate": bad}))
         with pytest.raises(UserError, match=says):
@@ -143,22 +147,54 @@ def test_gate_settings_take_what_json_gives_and_a_bad_one_says_what_its_field_ta
     """One check for the three ways settings arrive as data: `--gate`, a served graph's JSON, envace.json."""
     from envace_mcp.graph.gate import gate_settings
 
-    every = {"rehearse": "all", "approve_blocked": True, "min_failure_confidence": 0.5, "max_real_calls": None,
-             "max_rehearsals": 0, "max_steps": 1, "require_approval": "destructive", "feedback_on_predicted_error": False}
+    every = {"rehearse": "all", "approve_blocked": True, "min_failure_confidence": 0.5, "on_unusable": "block",
+             "evidence": ["repeated_writes"], "require_approval": "destructive", "feedback_on_predicted_error": False}
     assert GateConfig(**gate_settings(every, "here")) == GateConfig(**every)
-    for bad, says in [({"max_steps": 0}, "here: max_steps must be a whole number of at least 1, not 0"),
-                      ({"max_steps": 2.0}, "max_steps must be a whole number"),
-                      ({"max_steps": None}, "at least 1, not None"),  # only the budgets may be unlimited
-                      ({"max_real_calls": -1}, "max_real_calls must be a whole number of at least 0 or null"),
-                      ({"approve_blocked": 1}, "approve_blocked must be true or false, not 1"),
-                      ({"min_failure_confidence": float("nan")}, "must be a number from 0 to 1"),
-                      ({"require_approval": None}, "must be one of never, destructive, always"),
-                      ({"colour": "red"}, "here: unknown setting 'colour'; known: rehearse, "),
+    for bad, says in [({"approve_blocked": "perhaps"}, "approve_blocked must be a valid boolean"),
+                      ({"min_failure_confidence": float("nan")}, "min_failure_confidence must be"),
+                      ({"require_approval": None}, "must be 'never', 'destructive' or 'always', not None"),
+                      ({"evidence": ["made_up"]}, "evidence must be 'repeated_failures', 'repeated_writes' or "),
+                      ({"colour": "red"}, "here: unknown setting 'colour' (known: rehearse, "),
+                      ({"evidance": []}, "unknown setting 'evidance'; did you mean 'evidence'?"),
+                      ({"max_steps": 3}, "max_steps is not a gate setting: it is a run limit (RunLimits; --limits"),
                       ("max_steps=3", "must be an object")]:
         with pytest.raises(UserError, match=re.escape(says)):
             gate_settings(bad, "here")
-    with pytest.raises(UserError, match="here: may set only rehearse, not 'max_steps'"):
-        gate_settings({"max_steps": 3}, "here", allowed=("rehearse",))
+    with pytest.raises(UserError, match="here: may set only rehearse, not 'approve_blocked'"):
+        gate_settings({"approve_blocked": True}, "here", allowed=("rehearse",))
+
+
+def test_settings_written_before_the_evidence_rules_became_one_set_read_as_the_new_shape():
+    """Recorded runs, journals and adapters keep the old booleans; they map, and mean what they meant."""
+    old = {"block_destructive_on_unusable_rehearsal": True, "block_repeated_writes": True,
+           "block_ungrounded_arguments": True, "block_repeated_failures": False}
+    assert GateConfig(**old) == GateConfig(on_unusable="block", evidence=("repeated_writes", "ungrounded_arguments"))
+    assert GateConfig(block_destructive_on_unusable_rehearsal=False).on_unusable == "allow"
+    assert GateConfig(evidence=["repeated_writes", "repeated_writes"]).evidence == ("repeated_writes",)
+
+
+def test_key_value_text_is_typed_by_the_field_it_sets_and_run_limits_have_their_own_door():
+    from envace_mcp.graph.gate import RunLimits, gate_text, limits_text
+
+    assert gate_text("rehearse=all,approve_blocked=yes,min_failure_confidence=0.5,evidence=[repeated_writes,"
+                     "ungrounded_arguments],on_unusable=block", "--gate") == {
+        "rehearse": "all", "approve_blocked": True, "min_failure_confidence": 0.5, "on_unusable": "block",
+        "evidence": ("repeated_writes", "ungrounded_arguments")}
+    assert gate_text("evidence=[]", "--gate") == {"evidence": ()}
+    assert limits_text("max_steps=8,max_real_calls=none", "--limits") == {"max_steps": 8, "max_real_calls": None}
+    assert RunLimits(**limits_text("max_rehearsals=0", "x")) == RunLimits(max_rehearsals=0)
+    for text, says in [("max_steps=3", "--gate: 'max_steps' is not a GateConfig setting: it is a run limit "
+                                       "(RunLimits; --limits max_steps=N, ENVACE_LIMITS)"),
+                       ("rehearse", "--gate: 'rehearse' needs a value"),
+                       ("rehearse=al", "--gate: rehearse must be 'all', 'writes' or 'none', not 'al'")]:
+        with pytest.raises(UserError, match=re.escape(says)):
+            gate_text(text, "--gate")
+    for text, says in [("max_steps=0", "--limits: max_steps must be greater than or equal to 1, not '0'"),
+                       ("max_steps=none", "--limits: max_steps must be a valid integer, not None"),
+                       ("max_real_calls=-1", "max_real_calls must be greater than or equal to 0"),
+                       ("max_step=3", "unknown setting 'max_step'; did you mean 'max_steps'?")]:
+        with pytest.raises(UserError, match=re.escape(says)):
+            limits_text(text, "--limits")
 
 
 def test_the_runs_evidence_is_what_the_user_wrote_and_what_ran_without_error():
@@ -206,7 +242,7 @@ def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_ask
                             output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
     seen = Evidence(text="Buy for BRK-1 please", refused=frozenset({call_key("place_order", {"account_id": "BRK-1"})}),
                     done=frozenset({call_key("place_order", {"account_id": "BRK-1", "side": "buy"})}))
-    rules = {"block_ungrounded_arguments": True, "block_repeated_failures": True, "block_repeated_writes": True}
+    rules = {"evidence": ["ungrounded_arguments", "repeated_failures", "repeated_writes"]}
 
     def decide_(arguments, spec=order, **config):
         call = ToolCall(id="1", name=spec.name, arguments=arguments)
@@ -218,7 +254,7 @@ def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_ask
     assert decide_({"account_id": "BRK-1", "ids": ["BRK-1", "X-9"]}, **rules).reason.startswith("destructive call blocked: ids='X-9'")
     assert decide_({"account_id": "BRK-1", "side": "buy"}, **rules).reason.endswith("since the user's last message: it is done")
     assert decide_({"account_id": "BRK-1", "side": "sell"}, **rules).action == "execute"  # another write
-    assert decide_({"account_id": "BRK-1", "side": "buy"}, block_repeated_failures=True).action == "execute"  # each rule apart
+    assert decide_({"account_id": "BRK-1", "side": "buy"}, evidence=["repeated_failures"]).action == "execute"  # each rule apart
     assert decide_({"account_id": "BRK-2"}).action == "execute"  # off by default
     assert decide_({"account_id": "BRK-2"}, approve_blocked=True, **rules).action == "ask"
     read = ToolSpec.create(remote_name="place_order", server="bank", description="", input_schema=schema,

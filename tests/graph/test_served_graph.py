@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.eval import get_suite
+from envace_mcp.envs import get_suite
 from envace_mcp.graph.served import close_shared
 from envace_mcp.testing import ScriptedPolicy
 from helpers import PROBE, children_of, wait_until
@@ -66,15 +66,16 @@ async def test_the_gate_arrives_as_json_settings_and_a_bad_one_fails_before_anyt
     call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
     before = children_of(os.getpid())
     try:
-        for gate, says in [({"max_steps": 0}, "the context's gate: max_steps must be a whole number of at least 1, not 0"),
-                           ({"colour": "red"}, "the context's gate: unknown setting 'colour'; known: rehearse, "),
-                           (["max_steps"], "must be an object")]:
+        for context, says in [({"limits": {"max_steps": 0}}, "the context's limits: max_steps must be greater than or equal to 1"),
+                              ({"gate": {"colour": "red"}}, "the context's gate: unknown setting 'colour' .known: rehearse, "),
+                              ({"gate": {"max_steps": 1}}, "the context's gate: max_steps is not a gate setting: it is a run limit"),
+                              ({"gate": ["max_steps"]}, "must be an object")]:
             with pytest.raises(UserError, match=says):
                 await graph.ainvoke({"messages": [HumanMessage(content="say hi")]},
-                                    context={"policy": ScriptedPolicy(act=[call]), "gate": gate})
+                                    context={"policy": ScriptedPolicy(act=[call]), **context})
         assert children_of(os.getpid()) == before  # no server started for a bad gate
         out = await graph.ainvoke({"messages": [HumanMessage(content="say hi")]},
-                                  context={"policy": ScriptedPolicy(act=[call, call, "done"]), "gate": {"max_steps": 1}})
+                                  context={"policy": ScriptedPolicy(act=[call, call, "done"]), "limits": {"max_steps": 1}})
         assert out["status"] == "max_steps" and out["real_calls"] == 1  # one agent turn, as the JSON said
     finally:
         close_shared()
@@ -90,13 +91,12 @@ def test_a_served_context_starts_from_the_gate_its_adapter_recommends_and_its_ow
     adapter = tmp_path / "adapter"
     get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir), LoraConfig(r=2, target_modules=["q_proj"])
                    ).save_pretrained(adapter)
-    (adapter / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True,
-                                                              "rehearse": "all"}}))
+    (adapter / "envace.json").write_text(json.dumps({"gate": {"on_unusable": "block", "rehearse": "all"}}))
     try:
         gate = ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), gate={"rehearse": "none"}).load().gate
-        assert gate == GateConfig(block_destructive_on_unusable_rehearsal=True, rehearse="none")
+        assert gate == GateConfig(on_unusable="block", rehearse="none")
         assert ServedContext(model=str(tiny_qwen3_dir), adapter="none").load().gate == GateConfig()
-        chosen = GateConfig(max_steps=2)  # a GateConfig given in Python is used as it is
+        chosen = GateConfig(approve_blocked=True)  # a GateConfig given in Python is used as it is
         assert ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), gate=chosen).load().gate is chosen
         given = ServedContext(policy=ScriptedPolicy(act=["done"]), adapter=str(adapter)).load().gate
         assert given == GateConfig()  # the adapter named does not describe a policy given as an object
@@ -120,7 +120,7 @@ def test_langgraph_dev_serves_the_graph_and_a_run_over_its_http_api_completes_wi
     import subprocess
     import urllib.request
 
-    from envace_mcp.eval.suites import free_port, wait_for_port
+    from envace_mcp.envs.launch import free_port, wait_for_port
 
     import shutil
 
@@ -198,7 +198,7 @@ class DevServer:
     def __init__(self, folder: Path, env: dict[str, str]) -> None:
         import subprocess
 
-        from envace_mcp.eval.suites import free_port, wait_for_port
+        from envace_mcp.envs.launch import free_port, wait_for_port
 
         folder.mkdir()
         (folder / "scripted_graph.py").write_text(SCRIPTED_GRAPH)
@@ -266,12 +266,13 @@ def test_an_api_caller_may_tighten_the_deployments_gate_but_not_loosen_it_nor_ch
     from helpers import logged_calls
 
     env, probe_log, other_log, marker = deployment(tmp_path)
-    served = DevServer(tmp_path / "served", {**env, "ENVACE_GATE": "require_approval=destructive,max_steps=3"})
+    served = DevServer(tmp_path / "served", {**env, "ENVACE_GATE": "require_approval=destructive",
+                                             "ENVACE_LIMITS": "max_steps=3"})
     try:
         asked = served.run(CHECKOUT)  # the deployment's gate: a destructive call waits for approval
         assert asked["__interrupt__"][0]["value"]["name"] == "checkout", asked
         for context, names in [({"gate": {"require_approval": "never"}}, 'require_approval="never"'),
-                               ({"gate": {"max_steps": 5}}, "max_steps=5 over the deployment's 3"),
+                               ({"limits": {"max_steps": 5}}, "max_steps=5 over the deployment's 3"),
                                ({"gate": {"approve_blocked": True}}, "approve_blocked"),
                                ({"servers": str(tmp_path / "other.json")}, "may not set servers"),
                                ({"model": "gpt2"}, "may not set model"),
@@ -279,7 +280,7 @@ def test_an_api_caller_may_tighten_the_deployments_gate_but_not_loosen_it_nor_ch
             out = served.run(CHECKOUT, context)
             assert "__interrupt__" not in out and names in out.get("__error__", {}).get("message", ""), (context, out)
         assert logged_calls(probe_log) == [] and not marker.exists()  # nothing ran, nothing was spawned
-        tight = served.run(ECHO, {"gate": {"max_steps": 1}})
+        tight = served.run(ECHO, {"limits": {"max_steps": 1}})
         assert tight["status"] == "max_steps" and tight["real_calls"] == 1 and tight["steps"] == 1, tight
         always = served.run(ECHO, {"gate": {"require_approval": "always"}})
         assert always["__interrupt__"][0]["value"]["name"] == "echo"  # a read-only call asks too
@@ -322,14 +323,14 @@ def test_a_served_graph_logs_the_gate_its_adapter_recommends_and_warns_when_it_s
 
     strict = random_lora(tiny_qwen3_dir, tmp_path / "strict", 1)
     trusting = random_lora(tiny_qwen3_dir, tmp_path / "trusting", 2)
-    (strict / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True}}))
+    (strict / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True}}))  # an old one
     (trusting / "envace.json").write_text(json.dumps({"gate": {"min_failure_confidence": 0.6, "rehearse": "all"}}))
     caplog.set_level(logging.INFO, logger="envace_mcp.graph.served")
     try:
         ServedContext(model=str(tiny_qwen3_dir), adapter=str(strict)).load()
         [info] = [r for r in caplog.records if str(strict) in r.getMessage()]
         assert info.levelno == logging.INFO and info.getMessage() == (
-            f"gate from the adapter's envace.json ({strict}): block_destructive_on_unusable_rehearsal=true "
+            f"gate from the adapter's envace.json ({strict}): on_unusable=block "
             "(the context's gate overrides)")
         monkeypatch.setenv("ENVACE_MODEL", str(tiny_qwen3_dir))
         monkeypatch.setenv("ENVACE_ADAPTER", str(trusting))

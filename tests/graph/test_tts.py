@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from envace_mcp.eval import Episode
+from envace_mcp.envs import Episode
 from envace_mcp.graph import EnvaceContext, create_envace_graph
 from envace_mcp.graph.tts import rehearse_then_act
 from envace_mcp.testing import FunctionPolicy, ScriptedPolicy
@@ -80,11 +80,11 @@ async def test_test_time_rehearsal_runs_with_the_real_embedded_model(bank):
     suite, task = bank
     short = SamplingParams(max_new_tokens=16, temperature=0)
     policy = load_policy(role_sampling={"act": short, "rehearse": short, "critique": short})
-    from envace_mcp.graph import GateConfig
+    from envace_mcp.graph import RunLimits
 
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(Episode(task, "bank").meta),
-                                gate=GateConfig(max_steps=2))
+                                limits=RunLimits(max_steps=2))
         final, attempts = await rehearse_then_act(create_envace_graph(), task.instruction, context, n=2)
     assert len(attempts) == 2 and all(a.critique.text is not None for a in attempts)
     assert final["notes"].startswith("Before acting you rehearsed this task 2 time(s)")

@@ -7,7 +7,7 @@ import pytest
 
 from envace_mcp.engine.types import Job
 from envace_mcp.errors import UserError
-from envace_mcp.eval.evaluate import EvalSettings
+from envace_mcp.eval.evaluate import EvalConfig
 from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
 from envace_mcp.policy.constrained import CallConstraint, TokenText, Violation
 from envace_mcp.policy.prompts import render_act
@@ -122,12 +122,12 @@ async def test_the_policy_constrains_the_act_role_only(tiny_qwen3_dir, bank_cata
 
 
 def test_eval_settings_carry_the_switch():
-    base = EvalSettings(suite="bank")
+    base = EvalConfig(suite="bank")
     on = base.overridden("constrain_calls=true")
     assert on.constrain_calls and not base.constrain_calls and on.label().endswith("constrained")
     assert "constrained" not in base.label()
-    with pytest.raises(UserError, match="true or false"):
+    with pytest.raises(UserError, match="constrain_calls must be a valid boolean"):
         base.overridden("constrain_calls=maybe")
     with pytest.raises(UserError, match="transformers backend"):
         load_policy("vllm:http://127.0.0.1:9/v1", constrain_calls=True)
-    assert json.dumps(on.__dict__)  # results.json stores the settings as JSON
+    assert json.dumps(on.model_dump(mode="json"))  # results.json stores the settings as JSON

@@ -56,8 +56,8 @@ async def test_the_shipped_adapter_makes_the_embedded_agent_call_the_reference_t
     """The adapter that ships with the package (what `envace demo` loads) against the bare model, both
     greedy, through the whole graph on the task README names as one it solves (a transfer) and the
     real in-process bank server."""
-    from envace_mcp.eval import get_suite, run_task
-    from envace_mcp.graph import GateConfig
+    from envace_mcp.envs import get_suite, run_task
+    from envace_mcp.graph import GateConfig, RunLimits
     from envace_mcp.policy.embedded import embedded_adapter
     from envace_mcp.toolbox import Toolbox
 
@@ -70,7 +70,7 @@ async def test_the_shipped_adapter_makes_the_embedded_agent_call_the_reference_t
     first_calls = []
     async with Toolbox({suite.name: suite.build_server()}) as toolbox:
         for policy in (smol, tuned):
-            run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=GateConfig(max_steps=1, rehearse="all"),
+            run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=GateConfig(rehearse="all"), limits=RunLimits(max_steps=1),
                                  sampling={"act": greedy, "rehearse": greedy})
             first_calls.append(next(((s.tool, s.arguments) for s in run.trace.steps if s.role == "tool"), None))
             if policy is tuned:  # its rehearsal of that call is a usable prediction, not a parse failure

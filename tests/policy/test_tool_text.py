@@ -95,14 +95,14 @@ def test_the_tool_format_travels_from_traces_to_the_adapter_and_back_to_its_prom
 async def test_a_recorded_run_says_which_tool_format_its_prompts_used(tiny_qwen3_dir, bank_catalog):
     from langchain_core.messages import HumanMessage
 
-    from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+    from envace_mcp.graph import EnvaceContext, RunLimits, create_envace_graph
     from envace_mcp.policy import SamplingParams, load_policy
     from envace_mcp.traces import record_run
 
     policy = load_policy(str(tiny_qwen3_dir), tool_format="compact", sampling=SamplingParams(max_new_tokens=4))
     _, trace = await record_run(create_envace_graph().compile(), {"messages": [HumanMessage(content="hi")]},
                                 context=EnvaceContext(policy=policy, tools=bank_catalog, mode="simulated",
-                                                      gate=GateConfig(max_steps=1)), metadata={"note": "kept"})
+                                                      limits=RunLimits(max_steps=1)), metadata={"note": "kept"})
     assert trace.metadata == {"tool_format": "compact", "note": "kept"}
 
 

@@ -217,8 +217,8 @@ async def test_a_graph_run_on_vllm_records_what_the_server_sampled_and_the_train
     server, every role on vLLM under the shipped adapter (hot-loaded), sampled at temperature 1: each
     step's prompt ids are our renderer's encoding of its prompt text (sent as ids, echoed back by the
     server), and our own fp32 forward pass gives the recorded logprobs back (|Δ| ≤ 1e-3 per token)."""
-    from envace_mcp.eval import get_suite, run_task
-    from envace_mcp.graph import GateConfig
+    from envace_mcp.envs import get_suite, run_task
+    from envace_mcp.graph import GateConfig, RunLimits
     from envace_mcp.policy.embedded import embedded_adapter
     from envace_mcp.toolbox import Toolbox
 
@@ -228,7 +228,7 @@ async def test_a_graph_run_on_vllm_records_what_the_server_sampled_and_the_train
     task = suite.split("test")[0]
     sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=7)  # the seed is not sent to a CPU server
     async with Toolbox({suite.name: suite.build_server()}) as toolbox:
-        run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=GateConfig(max_steps=3, rehearse="all"),
+        run = await run_task(suite, task, policy=policy, toolbox=toolbox, gate=GateConfig(rehearse="all"), limits=RunLimits(max_steps=3),
                              sampling={"act": sampling, "rehearse": sampling})
     assert run.trace.status == "finished"
     generated = [s for s in run.trace.steps if s.role in ("act", "rehearse")]
@@ -252,8 +252,8 @@ async def test_hot_loading_an_adapter_changes_what_the_server_samples(vllm_serve
     the reference tool. A per-request seed, which kills a CPU engine, is not sent: the server lives on."""
     import shutil
 
-    from envace_mcp.eval import get_suite, run_task
-    from envace_mcp.graph import GateConfig
+    from envace_mcp.envs import get_suite, run_task
+    from envace_mcp.graph import GateConfig, RunLimits
     from envace_mcp.policy.embedded import embedded_adapter
 
     policy = load_policy(f"vllm:{vllm_server[1]}")
@@ -268,7 +268,7 @@ async def test_hot_loading_an_adapter_changes_what_the_server_samples(vllm_serve
             assert policy.load_adapter(checkpoint) == adapter_name(checkpoint, 1) and policy.pause_supported  # paused around it
             assert policy.client.request_sync("GET", "/is_paused", root=True) == {"is_paused": False}
         run = await run_task(suite, task, policy=policy, toolbox=None, mode="simulated", tools=bank_catalog,
-                             gate=GateConfig(max_steps=1, rehearse="none"), sampling={"act": greedy})
+                             gate=GateConfig(rehearse="none"), limits=RunLimits(max_steps=1), sampling={"act": greedy})
         first.append(next(((s.tool, s.arguments) for s in run.trace.steps if s.role == "tool"), None))
     want = task.actions[0]
     assert first == [None, (want.tool, want.arguments)]
@@ -314,7 +314,7 @@ def test_one_online_grpo_step_on_vllm_rollouts_hot_swaps_the_adapter_it_trains(v
     import anyio
     import torch
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy.embedded import embedded_adapter
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.trainer import GRPOConfig, OnlineGRPO
@@ -353,7 +353,7 @@ async def test_a_server_killed_mid_run_fails_the_run_cleanly_and_records_it(vllm
     """Runs last in this module: it kills the server. The server dies as the run sends its first
     request (SIGKILL, then the request goes out): the run fails with a `BackendError` after the
     backend's retries, not a hang, and its trace is stored as failed."""
-    from envace_mcp.eval import get_suite, run_task
+    from envace_mcp.envs import get_suite, run_task
     from envace_mcp.traces import TraceStore
 
     process, url = vllm_server

@@ -38,9 +38,9 @@ def test_a_trace_file_holds_no_credential_from_the_models_address_or_an_error_qu
 
 
 def test_evaluation_files_name_a_model_address_without_its_credentials():
-    from envace_mcp.eval.evaluate import EvalSettings, _settings_key, _shown
+    from envace_mcp.eval.evaluate import EvalConfig, _settings_key, _shown
 
-    settings = EvalSettings(suite="bank", model=ADDRESS)
+    settings = EvalConfig(suite="bank", model=ADDRESS)
     for shown in (settings.label(), str(_settings_key(settings)), str(_shown(settings))):
         assert "hunter2" not in shown and "sk-live-123" not in shown
 

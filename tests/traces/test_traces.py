@@ -14,8 +14,8 @@ import anyio
 import pytest
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.eval import Episode, get_suite
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.envs import Episode, get_suite
+from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
 from envace_mcp.testing import FunctionPolicy, ScriptedPolicy
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import Comparison, Reward, Step, Trace, TraceStore, record_run
@@ -57,6 +57,22 @@ def test_every_field_survives_a_round_trip(tmp_path):
 
 def test_the_checked_in_json_schema_is_generated_from_the_models():
     assert json.loads((ROOT / "docs" / "trace.schema.json").read_text()) == json_schema()
+
+
+def test_a_version_2_trace_reads_its_gate_in_the_new_shape_with_its_limits_apart():
+    from envace_mcp.graph.gate import GateConfig as Gate
+    from envace_mcp.traces.schema import SCHEMA_VERSION, read_trace
+
+    old = {"schema_version": 2, "run_id": "old", "started_at": 0.0,
+           "gate": {"rehearse": "writes", "block_destructive_on_predicted_failure": True, "max_steps": 6,
+                    "max_real_calls": None, "block_destructive_on_unusable_rehearsal": True,
+                    "block_repeated_writes": True, "block_repeated_failures": False}}
+    trace = read_trace(old)
+    assert trace.schema_version == SCHEMA_VERSION and trace.limits == {"max_steps": 6, "max_real_calls": None}
+    assert trace.gate == {"rehearse": "writes", "block_destructive_on_predicted_failure": True, "on_unusable": "block",
+                          "evidence": ["repeated_writes"]}
+    assert Gate(**trace.gate) == Gate(on_unusable="block", evidence=("repeated_writes",))  # a gate one can run again
+    assert read_trace({"run_id": "v1", "started_at": 0.0, "gate": {"max_steps": 2}}).limits == {"max_steps": 2}
 
 
 def test_rewards_attached_later_are_merged_and_filters_stream(tmp_path):
@@ -241,7 +257,7 @@ async def test_a_recorded_run_of_the_embedded_model_rescores_to_the_same_logprob
     task = suite.split("test")[0]
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
         context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(Episode(task, "bank").meta),
-                                gate=GateConfig(max_steps=1), sampling=policy.role_sampling)
+                                limits=RunLimits(max_steps=1), sampling=policy.role_sampling)
         _, trace = await record_run(create_envace_graph().compile(),
                                     {"messages": [HumanMessage(content=task.instruction)]}, context=context,
                                     store=TraceStore(tmp_path))
@@ -315,7 +331,7 @@ def test_the_checked_in_fixtures_load_for_the_trainer():
 
 @pytest.mark.anyio
 async def test_reference_solutions_replayed_through_the_graph_score_one_with_exact_tokens(tiny_policy):
-    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.envs.reference import reference_roles
     from envace_mcp.policy.forced import ForcedPolicy
 
     results = []
@@ -369,35 +385,3 @@ def test_traces_cli_lists_shows_and_summarises_runs(tmp_path):
     (torn / "traces.jsonl").write_bytes((fixtures / "traces.jsonl").read_bytes()[:-500])
     partial = cli("traces", "stats", str(torn))
     assert partial.returncode == 0 and "3 runs" in partial.stdout and "torn tail" in partial.stdout
-
-
-def test_traces_sample_draws_a_seeded_mix_from_several_folders_with_rewards_attached(tmp_path):
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "envace_mcp.cli", *args], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "COLUMNS": "200"})
-
-    bank, retail = TraceStore(tmp_path / "bank"), TraceStore(tmp_path / "retail")
-    for i in range(10):
-        bank.append(Trace(run_id=f"bank-{i}", started_at=0.0))
-        bank.attach_reward(f"bank-{i}", Reward(name="task", value=i / 10))  # a reward line apart from its run
-    for i in range(3):
-        retail.append(Trace(run_id=f"retail-{i}", started_at=0.0))
-
-    def sample(out, seed):
-        done = cli("traces", "sample", str(tmp_path / out), f"{tmp_path / 'bank'}:4", str(tmp_path / "retail"),
-                   "--seed", str(seed))
-        assert done.returncode == 0, done.stderr
-        assert "wrote 7 runs" in done.stdout and "4 of 10 from" in done.stdout and "3 of 3 from" in done.stdout
-        return list(TraceStore(tmp_path / out).read())
-
-    first = sample("mix-a", 0)
-    assert [t.run_id for t in first][4:] == ["retail-0", "retail-1", "retail-2"]
-    drawn = first[:4]
-    assert len({t.run_id for t in drawn}) == 4 and all(t.run_id.startswith("bank-") for t in drawn)
-    assert all(t.reward("task").value == int(t.run_id.split("-")[1]) / 10 for t in drawn)  # rewards travel
-    assert [t.run_id for t in sample("mix-b", 0)] == [t.run_id for t in first]  # same seed, same runs
-    others = {tuple(t.run_id for t in sample(f"mix-{seed}", seed)) for seed in range(1, 6)}
-    assert len(others | {tuple(t.run_id for t in first)}) > 1
-    again = cli("traces", "sample", str(tmp_path / "mix-a"), str(tmp_path / "retail"))
-    assert again.returncode == 2 and "already holds traces" in again.stderr  # never mixed into earlier runs
-    assert len(list(TraceStore(tmp_path / "mix-a").read())) == 7

@@ -20,7 +20,7 @@ FORMAT_REMINDER = (
 
 async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
     ctx = await runtime.context.prepare()
-    if state.get("steps", 0) >= ctx.gate.max_steps:
+    if state.get("steps", 0) >= ctx.limits.max_steps:
         return {"status": "max_steps", "final_answer": None}
     request = act_request(state, ctx)
     generation = await ctx.policy.act(request, ctx.sampling.get("act"))

@@ -21,6 +21,7 @@ def gate(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
     records = {r["call_id"]: r for r in state.get("rehearsals", [])}
     proposed = [calls.Proposal.from_record(c, specs.get(c.name), records.get(c.id, {})) for c in calls.tool_calls(message)]
     decided = calls.gate(proposed, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0),
+                         max_real_calls=ctx.limits.max_real_calls,
                          messages=_with_task(state), specs=specs)
     return {"rehearsals": [{"call_id": p.call.id, "decision": p.decision.action, "reason": p.decision.reason,
                             "gated_spec": p.gated_spec} for p in decided if p.decision is not None]}

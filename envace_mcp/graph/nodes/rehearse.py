@@ -16,7 +16,7 @@ async def rehearse(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[
     ctx = await runtime.context.prepare()
     message = last_ai(state["messages"])
     assert message is not None and message.tool_calls
-    budget = ctx.gate.max_rehearsals
+    budget = ctx.limits.max_rehearsals
     catalog = ctx.catalog()
     rehearsed, generations = await calls.rehearse(
         calls.proposals(message, {s.name: s for s in catalog}), policy=ctx.policy, catalog=catalog,
