@@ -25,7 +25,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import HumanMessage
 
 from envace_mcp import Toolbox
-from envace_mcp.eval import Episode, get_suite
+from envace_mcp.envs import Episode, get_suite
 from envace_mcp.graph import GateConfig
 from envace_mcp.graph.middleware import RehearsalMiddleware
 from envace_mcp.policy import SamplingParams, load_policy

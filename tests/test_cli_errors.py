@@ -29,7 +29,7 @@ def files(tmp_path_factory):
     (root / "a-file").write_text("not a folder")
     (root / "folder").mkdir()
     for name, gate in {"approving-adapter": {"require_approval": "never"},
-                       "maybe-adapter": {"block_destructive_on_unusable_rehearsal": "maybe"}}.items():
+                       "maybe-adapter": {"on_unusable": "maybe"}}.items():
         (root / name).mkdir()  # an adapter folder whose envace.json recommends a gate it may not
         (root / name / "envace.json").write_text(json.dumps({"tool_format": "compact", "gate": gate}))
     (root / "torn-adapter").mkdir()  # an adapter whose envace.json was cut off mid-write
@@ -40,6 +40,7 @@ def files(tmp_path_factory):
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
     (root / "fidelity.json").write_text(json.dumps({"fidelity_weight": 0.5}))  # simulated mode: nothing to earn it
     (root / "started" / "checkpoint").mkdir(parents=True)  # a GRPO run started with k=4 that a resume must match
+    # (its setup.json of the first form, which named some flags only)
     (root / "started" / "setup.json").write_text(json.dumps(
         {"traces": None, "suite": "bank", "split": "train", "k": 4, "mode": "simulated", "kinds": None,
          "max_new_tokens": 128, "rehearse_max_new_tokens": None}))
@@ -64,33 +65,41 @@ BAD = [
     (["eval", "--suite", "bank", "--out", "{f}/out", "--limit", "0"], "'--limit'"),
     (["eval", "--suite", "bank", "--out", "{f}/a-file"], "'--out'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--repeats", "0"], "'--repeats'"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--concurrency", "0"], "'--concurrency'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "-c", "concurrency=0"], "concurrency must be greater than or equal to 1"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--mode", "dreamy"], "'--mode'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--split", "dev"], "'--split'"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--transport", "pigeon"], "'--transport'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "-c", "transport=pigeon"], "transport must be 'inprocess', 'stdio' or 'http'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "-c", "concurency=2"], "unknown setting 'concurency'; did you mean 'concurrency'?"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "-c", "{f}/broken.json"], "not a readable JSON settings file"),
+    (["eval", "--out", "{f}/out"], "suite is required"),
     (["eval", "--suite", "nosuch", "--out", "{f}/out"], "unknown suite 'nosuch'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--task", "bank/test/9999"], "no task 'bank/test/9999'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--adapter", "{f}/missing"], "'--adapter'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--rehearse-adapter", "{f}/a-file"], "'--rehearse-adapter'"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "colour=blue"], "key=value"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--gate", "max_steps=abc"], "max_steps"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "colour=blue"], "--compare: unknown setting 'colour'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "split=train"], "split cannot differ"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--gate", "max_steps=8"], "it is a run limit"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--limits", "max_steps=abc"], "max_steps must be a valid integer"),
     (["run", "x", "--servers", "{f}/folder"], "'--servers'"),
     (["run", "x", "--servers", "/nonexistent.json"], "does not exist"),
     (["run", "x", "--servers", "{f}/broken.json"], "not valid JSON"),
     (["run", "x", "--servers", "{f}/no-servers.json"], "no servers configured"),
-    (["run", "x", "--gate", "max_steps=abc"], "max_steps must be a whole number"),
-    (["run", "x", "--gate", "max_steps=0"], "max_steps must be a whole number of at least 1, not 0"),
-    (["run", "x", "--gate", "rehearse=some"], "rehearse must be one of all, writes, none"),
-    (["run", "x", "--gate", "approve_blocked=perhaps"], "approve_blocked must be true or false"),
-    (["run", "x", "--gate", "min_failure_confidence=1.5"], "min_failure_confidence must be a number from 0 to 1"),
-    (["run", "x", "--gate", "min_failure_confidence=sure"], "min_failure_confidence must be a number from 0 to 1"),
+    (["run", "x", "--limits", "max_steps=abc"], "--limits: max_steps must be a valid integer"),
+    (["run", "x", "--limits", "max_steps=0"], "--limits: max_steps must be greater than or equal to 1, not '0'"),
+    (["run", "x", "--limits", "max_steps"], "needs a value"),
+    (["run", "x", "--gate", "max_steps=3"], "'max_steps' is not a GateConfig setting: it is a run limit"),
+    (["run", "x", "--gate", "rehearse=some"], "rehearse must be 'all', 'writes' or 'none', not 'some'"),
+    (["run", "x", "--gate", "approve_blocked=perhaps"], "approve_blocked must be a valid boolean"),
+    (["run", "x", "--gate", "min_failure_confidence=1.5"], "min_failure_confidence must be less than or equal to 1"),
+    (["run", "x", "--gate", "min_failure_confidence=sure"], "min_failure_confidence must be a valid number"),
+    (["run", "x", "--gate", "evidence=[repeated_writes,wishes]"], "evidence must be 'repeated_failures', 'repeated_writes' or 'ungrounded_arguments', not 'wishes'"),
+    (["run", "x", "--gate", "on_unusable=maybe"], "on_unusable must be 'allow' or 'block', not 'maybe'"),
     (["run", "x", "--gate", "bogus=1"], "unknown setting 'bogus'"),
-    (["run", "x", "--gate", "max_steps"], "needs a value"),
-    (["run", "x", "--temperature", "-1"], "'--temperature'"),
-    (["run", "x", "--rehearse-max-new-tokens", "0"], "'--rehearse-max-new-tokens'"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse_max_new_tokens=0"], "at least 1"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "mode=dream"], "mode is one of real, simulated, mixed"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse=two"], "rehearse takes an integer"),
+    (["run", "x", "--gate", "rehearse"], "needs a value"),
+    (["run", "x", "--max-new-tokens", "0"], "'--max-new-tokens'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse_max_new_tokens=0"], "rehearse_max_new_tokens must be greater than or equal to 1"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "mode=dream"], "mode must be 'real', 'simulated' or 'mixed', not 'dream'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "rehearse=two"], "rehearse must be a valid integer"),
     (["run", "x", "--model", "./no/such/model"], "'--model'"),
     (["run", "x", "--model", "{f}/a-file"], "'--model'"),
     (["run", "x", "--traces", "{f}/a-file"], "'--traces'"),
@@ -98,12 +107,13 @@ BAD = [
     (["demo", "--transport", "pigeon"], "'--transport'"),
     (["demo", "--domain", "casino"], "unknown suite 'casino'"),
     (["demo", "--task", "bank/test/9999"], "no task"),
-    (["demo", "--max-steps", "0"], "'--max-steps'"),
+    (["demo", "--limits", "max_steps=0"], "--limits: max_steps must be greater than or equal to 1"),
+    (["demo", "--max-steps", "8"], "No such option: --max-steps"),
     (["demo", "--adapter", "{f}/a-file"], "is a file"),
     (["demo", "--adapter", "{f}/approving-adapter"], "recommendation): may set only"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--adapter", "{f}/torn-adapter"], "envace.json is not JSON"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/torn-grpo.json"], "envace.json is not JSON"),
-    (["run", "x", "--adapter", "{f}/maybe-adapter"], "block_destructive_on_unusable_rehearsal must be true or false, not 'maybe'"),
+    (["run", "x", "--adapter", "{f}/maybe-adapter"], "on_unusable must be 'allow' or 'block', not 'maybe'"),
     (["demo", "--bogus"], "No such option: --bogus"),
     (["servers", "serve", "bank", "--port", "99999"], "'--port'"),
     (["servers", "serve", "bank", "--transport", "sse"], "'--transport'"),
@@ -119,19 +129,19 @@ BAD = [
     (["traces", "ls", "{f}/missing"], "does not exist"),
     (["traces", "ls", "{f}/folder", "--limit", "0"], "'--limit'"),
     (["traces", "show", "abc", "--dir", "{f}/a-file"], "is a file"),
-    (["traces", "reference", "{f}/a-file"], "is a file"),
-    (["traces", "reference", "{f}/out", "--limit", "-3"], "'--limit'"),
-    (["traces", "reference", "{f}/out", "--tool-format", "yaml"], "'--tool-format'"),
-    (["traces", "reference", "{f}/out", "--rehearse-format", "dream"], "'--rehearse-format'"),
-    (["traces", "sample", "{f}/out", "{f}/missing:3"], "does not exist"),
-    (["traces", "sample", "{f}/out", "{f}/hosted", "{f}/mixed:5"], "holds 2 runs, fewer than the 5 asked for"),
-    (["traces", "sample", "{f}/out", "{f}/mixed:0"], "N must be at least 1"),
-    (["traces", "sample", "{f}/hosted", "{f}/mixed"], "already holds traces"),
-    (["traces", "probe", "{f}/out", "--suite", "tau2-airline"], "no sandbox server to probe"),
-    (["traces", "probe", "{f}/out", "--suite", "casino"], "unknown suite"),
-    (["traces", "probe", "{f}/out", "--per-call", "0"], "'--per-call'"),
-    (["traces", "probe", "{f}/out", "--mutations", "typo,bogus"], "--mutations: unknown bogus"),
-    (["traces", "probe", "{f}/out", "--mutations", ","], "--mutations: unknown (none given)"),
+    (["lab", "reference", "{f}/a-file"], "is a file"),
+    (["lab", "reference", "{f}/out", "--limit", "-3"], "'--limit'"),
+    (["lab", "reference", "{f}/out", "--tool-format", "yaml"], "'--tool-format'"),
+    (["lab", "reference", "{f}/out", "--rehearse-format", "dream"], "'--rehearse-format'"),
+    (["lab", "sample", "{f}/out", "{f}/missing:3"], "does not exist"),
+    (["lab", "sample", "{f}/out", "{f}/hosted", "{f}/mixed:5"], "holds 2 runs, fewer than the 5 asked for"),
+    (["lab", "sample", "{f}/out", "{f}/mixed:0"], "N must be at least 1"),
+    (["lab", "sample", "{f}/hosted", "{f}/mixed"], "already holds traces"),
+    (["lab", "probe", "{f}/out", "--suite", "tau2-airline"], "no sandbox server to probe"),
+    (["lab", "probe", "{f}/out", "--suite", "casino"], "unknown suite"),
+    (["lab", "probe", "{f}/out", "--per-call", "0"], "'--per-call'"),
+    (["lab", "probe", "{f}/out", "--mutations", "typo,bogus"], "--mutations: unknown bogus"),
+    (["lab", "probe", "{f}/out", "--mutations", ","], "--mutations: unknown (none given)"),
     (["compare", "{f}/missing", "{f}/folder"], "missing: no readable results.json"),
     (["compare", "{f}/folder", "{f}/folder"], "folder: no readable results.json"),
     (["compare", "{f}/broken.json", "{f}/folder"], "broken.json: no readable results.json (JSONDecodeError"),
@@ -144,23 +154,32 @@ BAD = [
     (["train", "sft", "--traces", "{f}/missing", "--out", "{f}/out"], "'--traces'"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out"], "no recorded runs"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--epochs", "0"], "'--epochs'"),
-    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--lr", "0"], "'--lr'"),
-    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--micro-tokens", "-1"], "'--micro-tokens'"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "-c", "lr=0"], "lr must be greater than 0"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "-c", "performance.micro_tokens=-1"],
+     "performance.micro_tokens must be greater than or equal to 1"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "-c", "performance.micro_token=1"],
+     "unknown setting 'micro_token'; did you mean 'micro_tokens'?"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--lr", "1e-4"], "No such option: --lr"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--adapter", "{f}/folder", "-c", "lora=false"],
+     "adapter continues a LoRA adapter, and lora=false trains every weight"),
     (["train", "sft", "--traces", "{f}/mixed", "--out", "{f}/out"], "different tool formats (compact, json)"),
     (["train", "grpo", "--out", "{f}/out"], "exactly one of --traces"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "casino"], "unknown suite"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--k", "1"], "'--k'"),
     (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--steps", "0"], "'--steps'"),
-    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/grpo.json"], "colour: Extra inputs"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/grpo.json"], "unknown setting 'colour'"),
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "-c", "share_prefix=false"],
+     "'share_prefix' is not a GRPOConfig setting: it is performance.share_prefix"),
     (["train", "grpo", "--out", "{f}/a-file", "--suite", "bank"], "'--out'"),
-    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--split", "fit", "--kind", "bingo"],
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "-c", "split=fit,experimental.kinds=[bingo]"],
      "kinds ['bingo']: not among the 'fit' split's task kinds"),
-    (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "--kind", "bingo"], "--kind picks the tasks"),
-    (["train", "plot", "{f}/folder"], "no metrics.jsonl in"),
-    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8"], "started with other settings: k=4 (now 8)"),
+    (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "-c", "experimental.kinds=[bingo]"],
+     "experimental.kinds picks the tasks to roll out: it needs --suite"),
+    (["lab", "plot", "{f}/folder"], "no metrics.jsonl in"),
+    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8"], "another configuration (k: 4 → 8; there → now)"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "/proc/envace-out"], "cannot write to /proc/envace-out"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "{f}/a-file/out"], "cannot write to"),
-    (["traces", "sample", "/proc/envace-out", "{f}/hosted"], "cannot write to /proc/envace-out"),
+    (["lab", "sample", "/proc/envace-out", "{f}/hosted"], "cannot write to /proc/envace-out"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/hosted"], "act turns without sampling logprobs (model: hosted)"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/unshaped", "--config", "{f}/f1.json"],
      "call_f1_weight adds each run's tool-call F1 against its task's reference calls, and 1 of 1 runs have no"),
@@ -196,11 +215,11 @@ def test_no_arguments_shows_the_help_and_exits_0():
     assert out.returncode == 0 and "demo" in out.stdout and "train" in out.stdout
 
 
-def test_demos_step_budget_comes_from_gate_unless_max_steps_is_given():
-    """`envace demo --gate max_steps=8` ran with 4: the --max-steps default hid the --gate setting."""
-    from envace_mcp.cli._common import _agent_gate
+def test_demos_step_budget_has_one_door_and_its_own_default_does_not_hide_it():
+    """`envace demo --gate max_steps=8` ran with 4: the --max-steps default hid the --gate setting. A run
+    limit is now set in one place, `--limits`, over the demo's own default; `--gate` refuses it by name."""
+    from envace_mcp.cli._common import _limits
+    from envace_mcp.cli.agent import DEMO_LIMITS
 
-    def steps(spec, option):
-        return _agent_gate(spec, None, "none", announce=False, defaults={"max_steps": 4}, max_steps=option)[0].max_steps
-
-    assert steps("max_steps=8", None) == 8 and steps(None, None) == 4 and steps("max_steps=8", 3) == 3
+    assert _limits("max_steps=8", DEMO_LIMITS).max_steps == 8 and _limits(None, DEMO_LIMITS).max_steps == 4
+    assert _limits("max_real_calls=3", DEMO_LIMITS).max_steps == 4  # another limit leaves the demo's turns

@@ -1,7 +1,7 @@
 """Training: traces → rows, EnvACE role-wise GRPO math, SFT / GRPO trainers.
 
 The names below load on first use (they need torch), so light modules of this package
-(`envace_mcp.train.probes`, `envace_mcp.train.config`) import without it: the CLI checks its
+(`envace_mcp.train.config`, `envace_mcp.train.run_setup`) import without it: the CLI checks its
 options against them before anything heavy starts."""
 
 from importlib import import_module

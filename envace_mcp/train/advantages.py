@@ -29,9 +29,10 @@ def step_advantages(groups: list[list[Segment]], config: GRPOConfig) -> torch.Te
     rows = [r for g in groups for r in g]
     if not rows:
         return torch.zeros(0)
-    rewards = torch.tensor([float(r.reward) + (config.fidelity_weight * r.fidelity
+    extra = config.experimental
+    rewards = torch.tensor([float(r.reward) + (extra.fidelity_weight * r.fidelity
                                                if r.role == "rehearse" and r.fidelity is not None else 0.0)
-                            + config.call_f1_weight * (r.call_f1 or 0.0) for r in rows])  # [S]
+                            + extra.call_f1_weight * (r.call_f1 or 0.0) for r in rows])  # [S]
     group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g])  # [S]
     scale = config.scale_rewards
     if config.advantage == "role":

@@ -73,7 +73,7 @@ class GRPOLearner:
             model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, task_type="CAUSAL_LM",
                                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
         self.model = model.to(distributed.device())
-        prepare_for_training(model, config.gradient_checkpointing)
+        prepare_for_training(model, config.performance.gradient_checkpointing)
         self.reference: Any = None
         """A frozen copy of the starting weights, for β > 0 without LoRA (with LoRA the reference is the
         model with its adapter disabled). Copied once the model is prepared, so it attends packed rows the
@@ -82,7 +82,7 @@ class GRPOLearner:
             import copy
 
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        cap_heap_blocks(config.mmap_threshold_mb)
+        cap_heap_blocks(config.performance.mmap_threshold_mb)
         self.engine = distributed.wrap(self.model)
         """What forward/backward go through: DDP around the model under torchrun, the model itself otherwise."""
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -102,10 +102,10 @@ class GRPOLearner:
         """One optimizer step over the segments of `groups` (this rank's share of the step's groups
         under torchrun; all of them otherwise), with role-wise or trajectory advantages. Returns the
         step's metrics (without its step number)."""
-        config = self.config
+        config, fast = self.config, self.config.performance
         rows = [r for g in groups for r in g]
         advantages = step_advantages(groups, config)  # [S]
-        if config.share_prefix and rows:  # the step's loss is a sum over all its segments, so order is free
+        if fast.share_prefix and rows:  # the step's loss is a sum over all its segments, so order is free
             order = prefix_order(rows)
             rows, advantages = [rows[i] for i in order], advantages[order]
         # normalisers over the whole step, on every rank
@@ -114,16 +114,17 @@ class GRPOLearner:
         longest = distributed.reduce(float(max((len(r.completion_ids) for r in rows), default=0)), "max")
         if total_rows == 0:  # nothing generated with tokens (e.g. a chat-model policy): log and move on
             return {"loss": 0.0, "segments": 0, "tokens": 0.0}
-        if config.beta == 0 and config.skip_zero_advantage:  # without KL: exactly 0 loss and gradient
+        if config.beta == 0 and fast.skip_zero_advantage:  # without KL: exactly 0 loss and gradient
             keep = advantages != 0  # [S]
             rows, advantages = [r for r, k in zip(rows, keep.tolist()) if k], advantages[keep]
-        ce_rows = [r for g in groups for r in self.ce_rows.get(group_key(g[0]), [])] if config.real_output_ce else []
-        ce_tokens = distributed.reduce(float(sum(len(r.completion_ids) for r in ce_rows))) if config.real_output_ce else 0.0
-        tokens = config.micro_tokens if config.share_prefix else None
+        ce_weight = config.experimental.real_output_ce
+        ce_rows = [r for g in groups for r in self.ce_rows.get(group_key(g[0]), [])] if ce_weight else []
+        ce_tokens = distributed.reduce(float(sum(len(r.completion_ids) for r in ce_rows))) if ce_weight else 0.0
+        tokens = fast.micro_tokens if fast.share_prefix else None
         chunks: list[_Chunk] = [_CEChunk([ce_rows[i] for i in part]) for part in
-                                micro_batches(ce_rows, config.micro_batch, tokens)]
+                                micro_batches(ce_rows, fast.micro_batch, tokens)]
         chunks += [_GRPOChunk([rows[i] for i in part], advantages[part])
-                   for part in micro_batches(rows, config.micro_batch, tokens)]
+                   for part in micro_batches(rows, fast.micro_batch, tokens)]
         self.engine.train()
         self.optimizer.zero_grad()
         # the same keys on every rank (their sums are all-reduced together), even on a rank with no rows
@@ -138,7 +139,7 @@ class GRPOLearner:
                 else:
                     dummy = torch.tensor([[self.pad_id, self.pad_id]], device=distributed.device())
                     (self.engine(input_ids=dummy, logits_to_keep=1).logits.sum() * 0.0).backward()
-                after_backward(len(getattr(chunk, "rows", ())), config.share_prefix)
+                after_backward(len(getattr(chunk, "rows", ())), fast.share_prefix)
         norm = torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
         self.optimizer.step()
         all_rows = [r for g in groups for r in g]
@@ -158,16 +159,16 @@ class GRPOLearner:
             record["fidelity"] = sums["fidelity"] / sums["checked"]
         if sums["f1_runs"]:  # runs of tasks with reference calls
             record["call_f1"] = sums["call_f1"] / sums["f1_runs"]
-        if config.real_output_ce:
+        if ce_weight:
             record["ce"] = sums["ce"]
         return record
 
     def _grpo_backward(self, chunk: _GRPOChunk, sums: dict[str, float], *, total_tokens: float, total_rows: float,
                        longest: float) -> None:
         config = self.config
-        batch = collate(chunk.rows, self.pad_id, share_prefix=config.share_prefix).to(distributed.device())
+        batch = collate(chunk.rows, self.pad_id, share_prefix=config.performance.share_prefix).to(distributed.device())
         device = batch.input_ids.device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast_bf16(config.bf16, device)):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast_bf16(config.performance.bf16, device)):
             logp = batch_logprobs(self.engine, batch)  # [B, T]
             ref_logp = self.reference_logprobs(batch) if config.beta else None  # [B, T]
         loss, metrics = grpo_loss(logp, batch.old_logprobs, chunk.advantages.to(logp.device), batch.completion_mask,
@@ -186,8 +187,9 @@ class GRPOLearner:
     def _ce_backward(self, chunk: _CEChunk, sums: dict[str, float], ce_tokens: float) -> None:
         config = self.config
         share = sum(len(r.completion_ids) for r in chunk.rows) / ce_tokens
-        ce = sft_loss(self.engine, chunk.rows, self.pad_id, share_prefix=config.share_prefix, bf16=config.bf16)
-        (ce * share * config.real_output_ce * self.world_size).backward()
+        ce = sft_loss(self.engine, chunk.rows, self.pad_id, share_prefix=config.performance.share_prefix,
+                      bf16=config.performance.bf16)
+        (ce * share * config.experimental.real_output_ce * self.world_size).backward()
         sums["ce"] += float(ce.detach()) * share
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from envace_mcp.engine.model import autocast_bf16
 from envace_mcp.traces.schema import Trace
+from envace_mcp.train.config import SFTConfig
 from envace_mcp.train.rows import (
     Segment,
     after_backward,
@@ -93,48 +93,6 @@ def sft_rows(traces: Iterable[Trace], encode: Callable[[str], list[int]], end_id
     return rows
 
 
-@dataclass
-class SFTConfig:
-    """SFT settings; each default with its reason."""
-
-    epochs: int = 2
-    """Two passes fit a few hundred reference runs without memorising them."""
-    lr: float = 2e-4
-    """A usual LoRA learning rate; use ~1e-5 for a full fine-tune."""
-    batch_size: int = 16
-    """Rows per optimizer step; with `share_prefix` they are packed into one sequence (see there)."""
-    lora: bool = True
-    """LoRA keeps the base model shared and the adapter small enough to ship."""
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    seed: int = 0
-    max_grad_norm: float = 1.0
-    micro_batch: int = 32
-    """At most this many rows per forward pass (gradients accumulate over the batch); 0 = no limit.
-    With `share_prefix` passes are also cut at `micro_tokens` packed tokens."""
-    micro_tokens: int | None = 4096
-    """With `share_prefix`: at most this many packed tokens per pass. Rows are packed as a prefix tree
-    (`rows.Batch`): a run's turns nest in one sequence where each prompt repeats the last turn's, so a
-    pass holds whole trajectories. Cutting by rows instead (16 rows of ~2k-token prompts unshared) peaked
-    at 8.5-10 GB RSS; memory follows packed tokens."""
-    share_prefix: bool = True
-    """Pack each micro-batch into one sequence with the prompt prefix its rows share once (exact):
-    batches are cut in prompt order, so 16 rows share the system prompt + tool schemas and often the
-    task, 3.1x fewer tokens on the bank reference runs. On CPU the rows are attended part by part
-    (`envace_mcp.engine.attention.PackedRows`): 2.22x the throughput of one row at a time
-    (459 vs 206 tok/s, bf16, `benchmarks/sft_throughput.py`), where a block mask over the packed
-    sequence was slower than one row at a time (0.91x)."""
-    bf16: bool | Literal["auto"] = "auto"
-    """bf16 autocast: 1.6-2.2x faster on CPUs with AMX and on GPUs, ~1.9x slower where bf16 is emulated;
-    "auto" turns it on where the device does bf16 natively (`engine.model.autocast_bf16`)."""
-    gradient_checkpointing: bool = True
-    """Tool-schema prompts are ~2k tokens: without it SmolLM2 holds ~2 MB of activations per token."""
-    mmap_threshold_mb: float | None = None
-    """`rows.cap_heap_blocks`: 1.0 takes a packed 16-row SFT batch from 6.4 to 2.5 GB peak RSS and from 67 to
-    89 s (`benchmarks/sft_throughput.py`); None keeps glibc's default, the faster one (GRPO sets 1.0)."""
-
-
 def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_prefix: bool) -> list[list[int]]:
     """One epoch's batches of row indices. With `share_prefix`, rows are taken in prompt order (so each
     batch shares a long prefix) as whole runs — a batch closes before a run that would take it past
@@ -159,7 +117,7 @@ def batches(rows: list[Segment], batch_size: int, rng: random.Random, share_pref
 def steps_per_epoch(rows: list[Segment], config: SFTConfig) -> int:
     """Optimizer steps one epoch of `train_sft` takes (batches of whole runs can hold fewer rows than
     `batch_size`)."""
-    return len(batches(rows, config.batch_size, random.Random(0), config.share_prefix))
+    return len(batches(rows, config.batch_size, random.Random(0), config.performance.share_prefix))
 
 
 def sft_loss(model: torch.nn.Module, rows: list[Segment], pad_id: int, *, share_prefix: bool = False,
@@ -182,27 +140,28 @@ def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *
 
         model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                                                  target_modules=config.lora_targets, task_type="CAUSAL_LM"))
-    prepare_for_training(model, config.gradient_checkpointing)
-    cap_heap_blocks(config.mmap_threshold_mb)
+    fast = config.performance
+    prepare_for_training(model, fast.gradient_checkpointing)
+    cap_heap_blocks(fast.mmap_threshold_mb)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr)
     rng = random.Random(config.seed)
     step = 0
     for epoch in range(config.epochs):
-        for indices in batches(rows, config.batch_size, rng, config.share_prefix):
+        for indices in batches(rows, config.batch_size, rng, fast.share_prefix):
             chunk = [rows[i] for i in indices]
             optimizer.zero_grad()
             targets = sum(len(r.completion_ids) for r in chunk)
             loss = torch.zeros(())
-            passes = micro_batches(chunk, config.micro_batch, config.micro_tokens if config.share_prefix else None)
+            passes = micro_batches(chunk, fast.micro_batch, fast.micro_tokens if fast.share_prefix else None)
             for indices_of_pass in passes:  # mean over the batch's target tokens
                 part = [chunk[i] for i in indices_of_pass]
                 weight = sum(len(r.completion_ids) for r in part) / targets
-                piece = sft_loss(model, part, pad_id, share_prefix=config.share_prefix, bf16=config.bf16) * weight
+                piece = sft_loss(model, part, pad_id, share_prefix=fast.share_prefix, bf16=fast.bf16) * weight
                 piece.backward()
                 loss = loss + piece.detach().float()
-                after_backward(len(part), config.share_prefix)
+                after_backward(len(part), fast.share_prefix)
             norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
             optimizer.step()
             step += 1

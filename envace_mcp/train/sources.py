@@ -57,7 +57,7 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
     traces = list(traces)
     refuse_unshaped(traces, config)
     rows = [r for r in segments(traces, reward=config.reward) if r.role in config.roles]
-    if config.real_output_ce > 0:
+    if config.experimental.real_output_ce > 0:
         from envace_mcp.train.sft import sft_rows, target_encoding
 
         encode, end = target_encoding(learner.tokenizer)
@@ -71,6 +71,17 @@ def has_signal(group: list[Segment], config: GRPOConfig) -> bool:
     from envace_mcp.train.advantages import step_advantages
 
     return bool(group) and bool((step_advantages([group], config) != 0).any())
+
+
+def rollout_sampling(config: GRPOConfig) -> dict[str, Any]:
+    """How online rollouts sample each role: `max_new_tokens` (the rehearse role `rehearse_max_new_tokens`),
+    at EnvACE's temperature 1.0 and with no fixed seed, so a group's K runs differ."""
+    from envace_mcp.policy import SamplingParams
+    from envace_mcp.policy.types import role_sampling
+
+    roles = role_sampling(SamplingParams(max_new_tokens=config.max_new_tokens, temperature=1.0),
+                          config.rehearse_max_new_tokens)
+    return {"act": roles["act"], "rehearse": roles["rehearse"]}  # critique keeps the policy's own sampling
 
 
 class TraceGroups:
@@ -101,21 +112,23 @@ class RolloutGroups:
     and scored by the suite's checker."""
 
     def __init__(self, learner: GRPOLearner, suite: Any, out: Path, *, k: int = 4, mode: str = "simulated",
-                 tools: list[Any] | None = None, gate: Any = None, sampling: dict[str, Any] | None = None,
-                 split: str = "train") -> None:
+                 tools: list[Any] | None = None, gate: Any = None, limits: Any = None,
+                 sampling: dict[str, Any] | None = None) -> None:
+        """`sampling` (per role): None samples as `config` says, at the policy's own temperature (EnvACE's
+        1.0) and without a fixed seed, so a group's K runs differ."""
         from envace_mcp.policy.transformers import TransformersPolicy
 
         config = learner.config
-        if config.dynamic_sampling and learner.world_size > 1:
+        if config.experimental.dynamic_sampling and learner.world_size > 1:
             raise UserError("dynamic_sampling draws replacement tasks on one process; under torchrun the ranks "
                             "would draw different ones (not done): set it to 0 or train in one process")
         check_rollout_mode(config, mode, gate)
         self.learner, self.suite, self.out = learner, suite, out
-        self.k, self.mode, self.tools, self.gate = k, mode, tools, gate
-        self.sampling = sampling or {}
-        from envace_mcp.eval.suites import tasks_of_kinds
+        self.k, self.mode, self.tools, self.gate, self.limits = k, mode, tools, gate, limits
+        self.sampling = rollout_sampling(config) if sampling is None else sampling
+        from envace_mcp.envs.suites import tasks_of_kinds
 
-        self.tasks = tasks_of_kinds(suite.split(split), config.kinds, split)
+        self.tasks = tasks_of_kinds(suite.split(config.split), config.experimental.kinds, config.split)
         from envace_mcp.policy.tool_text import adapter_formats
 
         formats = adapter_formats(config.adapter)  # prompts as the adapter learned them
@@ -130,8 +143,8 @@ class RolloutGroups:
         else:
             self.policy = TransformersPolicy(learner.model, learner.tokenizer,
                                              name=f"{config.model or 'embedded'} (training)", max_batch_size=max(16, k),
-                                             kv_budget_gb=rollout_kv_gb(config.rollout_kv_gb, learner.model),
-                                             prefix_cache_tokens=config.rollout_prefix_cache_tokens, **formats)
+                                             kv_budget_gb=rollout_kv_gb(config.performance.rollout_kv_gb, learner.model),
+                                             prefix_cache_tokens=config.performance.rollout_prefix_cache_tokens, **formats)
         """The rollout policy (replaceable, e.g. by a `ForcedPolicy` around it)."""
         self.stats: dict[str, float] = {}
         """The last step's rollout figures (`uniform_groups`, `rolled_groups`), logged with its metrics."""
@@ -163,7 +176,8 @@ class RolloutGroups:
         learner.ce_rows.clear()  # real-output CE rows of this step's groups only
         kept: list[list[Segment]] = []
         rolled = uniform = 0
-        for round_ in range(config.dynamic_sampling + 1):
+        rounds = config.experimental.dynamic_sampling
+        for round_ in range(rounds + 1):
             wanted = config.groups_per_step - len(kept)
             picked = [self.tasks[i] for i in order.take(wanted, len(self.tasks))]
             picked = picked[learner.rank::learner.world_size]
@@ -173,8 +187,8 @@ class RolloutGroups:
             signal = [g for g in groups if has_signal(g, config)]
             rolled += len(groups)
             uniform += len(groups) - len(signal)
-            kept += signal if config.dynamic_sampling else groups
-            if not config.dynamic_sampling or len(kept) >= config.groups_per_step:
+            kept += signal if rounds else groups
+            if not rounds or len(kept) >= config.groups_per_step:
                 break
         if served is None:  # the update changes the weights: the engine's cached keys/values are freed now, so the
             self.backend.engine.weights_changed()  # update's activations never sit next to them (peak memory)
@@ -203,7 +217,7 @@ class RolloutGroups:
 
                 toolbox = await stack.enter_async_context(Toolbox({self.suite.name: self.suite.build_server()}))
             runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
-                                                        toolbox=toolbox, tools=self.tools, gate=self.gate,
+                                                        toolbox=toolbox, tools=self.tools, gate=self.gate, limits=self.limits,
                                                         sampling=self.sampling,
                                                         group_id=f"step{step + 1}:{task.id}" + (f":r{round_}" if round_ else ""))
                                           for task in tasks))

@@ -137,16 +137,16 @@ class OfflineGRPO(GRPOTrainer):
 
 
 class OnlineGRPO(GRPOTrainer):
-    """GRPO on fresh rollouts: each step runs K graph runs for each of `groups_per_step` tasks with the
-    weights being trained, records and scores them, then updates. Traces of every step are kept under
-    `out/traces`."""
+    """GRPO on fresh rollouts: each step runs K graph runs for each of `groups_per_step` tasks of
+    `config.split` with the weights being trained (under `gate` and run `limits`; None: their defaults),
+    records and scores them, then updates. Traces of every step are kept under `out/traces`."""
 
     def __init__(self, config: GRPOConfig, suite: Any, out: str | Path, *, k: int = 4, mode: str = "simulated",
-                 tools: list[Any] | None = None, gate: Any = None, sampling: dict[str, Any] | None = None,
-                 split: str = "train", model: Any = None, tokenizer: Any = None) -> None:
+                 tools: list[Any] | None = None, gate: Any = None, limits: Any = None,
+                 sampling: dict[str, Any] | None = None, model: Any = None, tokenizer: Any = None) -> None:
         learner = GRPOLearner(config, model=model, tokenizer=tokenizer)
         super().__init__(config, learner, RolloutGroups(learner, suite, Path(out), k=k, mode=mode, tools=tools, gate=gate,
-                                                        sampling=sampling, split=split), out)
+                                                        limits=limits, sampling=sampling), out)
 
     @property
     def policy(self) -> Any:

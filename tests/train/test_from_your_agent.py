@@ -9,9 +9,9 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from envace_mcp.errors import UserError
-from envace_mcp.eval import get_suite
+from envace_mcp.envs import get_suite
 from envace_mcp.graph import GateConfig
-from envace_mcp.eval.reference import reference_roles
+from envace_mcp.envs.reference import reference_roles
 from envace_mcp.policy import load_policy
 from envace_mcp.policy.forced import ForcedPolicy
 
@@ -40,7 +40,7 @@ def test_the_example_trains_one_grpo_step_from_an_agents_recorded_runs(tiny_qwen
     module = example()
     tasks = module.writing_tasks(get_suite("bank"))[:2]
     runs, records = module.main(str(tiny_qwen3_dir), tmp_path, tasks=2, k=2, policy=reference_policy(tiny_qwen3_dir, tasks),
-                                   skip_zero_advantage=False)
+                                   performance={"skip_zero_advantage": False})
     assert len(runs) == 4 and sorted({r.group_id for r in runs}) == sorted(t.id for t in tasks)
     assert all(r.reward("task") is not None and r.reward("task").value == 1.0 for r in runs)  # the user's reward
     roles = {s.role for r in runs for s in r.steps if s.logprobs is not None}
@@ -74,7 +74,7 @@ def test_grpo_refuses_runs_whose_act_turns_came_from_a_foreign_chat_model(tiny_q
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 
     from envace_mcp import Toolbox
-    from envace_mcp.eval import Episode
+    from envace_mcp.envs import Episode
     from envace_mcp.graph.middleware import RehearsalMiddleware
     from envace_mcp.traces import TraceStore, record_run
     from envace_mcp.train.trainer import GRPOConfig, OfflineGRPO

@@ -23,8 +23,8 @@ def tiny_dir(tmp_path_factory):
 def trainer(tiny_dir, out, **overrides):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config = GRPOConfig(**{"lr": 1e-3, "steps": 4, "groups_per_step": 1, "micro_batch": 2, "checkpoint_every": 2,
-                           **overrides})
+    config = GRPOConfig(**{"lr": 1e-3, "steps": 4, "groups_per_step": 1, "checkpoint_every": 2, **overrides,
+                           "performance": {"micro_batch": 2, **overrides.get("performance", {})}})
     return OfflineGRPO(config, FIXTURES, out, model=AutoModelForCausalLM.from_pretrained(tiny_dir),
                        tokenizer=AutoTokenizer.from_pretrained(tiny_dir))
 
@@ -50,8 +50,7 @@ def test_offline_grpo_trains_logs_metrics_and_plots(tiny_dir, tmp_path):
 def test_a_stopped_run_resumes_to_the_same_parameters_as_an_uninterrupted_one(tiny_dir, tmp_path):
     straight = trainer(tiny_dir, tmp_path / "straight")
     straight.run()
-    first = trainer(tiny_dir, tmp_path / "resumed")
-    first.config.steps = 2
+    first = trainer(tiny_dir, tmp_path / "resumed", steps=2)  # stopped after 2 of the 4 steps
     first.run()
     second = trainer(tiny_dir, tmp_path / "resumed")  # a fresh process would do exactly this
     assert second.load() and second.step == 2
@@ -125,7 +124,7 @@ def test_fidelity_reward_and_real_output_ce_are_off_by_default_and_work_when_on(
     assert checked and all(r.fidelity == 1.0 for r in checked)  # reference rehearsals matched reality
     checked[0].fidelity = 0.0  # pretend the first one missed
     plain = step_advantages([rows], GRPOConfig())
-    weighted = step_advantages([rows], GRPOConfig(fidelity_weight=0.5))
+    weighted = step_advantages([rows], GRPOConfig(experimental={"fidelity_weight": 0.5}))
     acts = [i for i, r in enumerate(rows) if r.role == "act"]
     assert torch.equal(plain[acts], weighted[acts])  # the act role's advantages are untouched
     missed = rows.index(checked[0])
@@ -133,7 +132,7 @@ def test_fidelity_reward_and_real_output_ce_are_off_by_default_and_work_when_on(
 
     default = trainer(tiny_dir, tmp_path / "off").run()
     assert "ce" not in default[0] and default[0]["fidelity"] == 1.0
-    records = trainer(tiny_dir, tmp_path / "on", real_output_ce=1.0, lora=False).run()
+    records = trainer(tiny_dir, tmp_path / "on", experimental={"real_output_ce": 1.0}, lora=False).run()
     assert all("ce" in r for r in records)
     assert records[-1]["ce"] < records[0]["ce"]  # the rehearse role learns the recorded real outputs
 
@@ -202,7 +201,7 @@ def test_segments_with_zero_advantage_are_left_out_of_the_passes_and_the_update_
 
     results = {}
     for skip in (False, True):
-        t = trainer(tiny_dir, tmp_path / str(skip), skip_zero_advantage=skip)
+        t = trainer(tiny_dir, tmp_path / str(skip), performance={"skip_zero_advantage": skip})
         group = t.groups[0]
         rehearsing = {r.run_id for r in group if r.role == "rehearse"}
         # the runs that rehearsed score alike (their rehearsals get advantage 0), the others differ
@@ -253,7 +252,7 @@ def test_the_trainer_uses_the_trajectory_baseline_over_runs(tiny_dir, tmp_path):
 def test_beta_adds_the_k3_kl_to_a_reference_without_the_adapter_and_logs_it(tiny_dir, tmp_path):
     from envace_mcp.train.rows import batch_logprobs, collate
 
-    t = trainer(tiny_dir, tmp_path / "kl", beta=0.1, micro_batch=64, share_prefix=False)
+    t = trainer(tiny_dir, tmp_path / "kl", beta=0.1, performance={"micro_batch": 64, "share_prefix": False})
     torch.manual_seed(0)
     with torch.no_grad():  # move the adapter off zero, so the policy differs from its reference
         for name, p in t.model.named_parameters():

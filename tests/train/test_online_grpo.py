@@ -5,8 +5,8 @@ import json
 import pytest
 from langchain_core.messages import HumanMessage
 
-from envace_mcp.eval import get_suite
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.envs import get_suite
+from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
 from envace_mcp.policy import SamplingParams
 from envace_mcp.testing import FunctionPolicy
 from envace_mcp.traces import record_run
@@ -55,10 +55,10 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     # skip_zero_advantage off: a tiny random model's group often scores alike, and the ratio check below
     # needs the step's tokens to go through the model
     # kinds: rollouts draw only that kind's tasks (the "middling" tasks of a validation run)
-    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=2, groups_per_step=1, micro_batch=4, skip_zero_advantage=False,
-                                    kinds=["market_closed"]),
+    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=2, groups_per_step=1, experimental={"kinds": ["market_closed"]},
+                                    performance={"micro_batch": 4, "skip_zero_advantage": False}),
                          get_suite("bank"),
-                         tmp_path / "run", k=3, tools=bank_catalog, gate=GateConfig(max_steps=1),
+                         tmp_path / "run", k=3, tools=bank_catalog, limits=RunLimits(max_steps=1),
                          sampling={"act": short, "rehearse": short},
                          model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
     records = trainer.run()
@@ -86,8 +86,8 @@ def test_online_grpo_in_real_mode_runs_against_the_suite_server_and_scores_its_s
 
     folder = build_tiny_qwen3(tmp_path / "tiny")
     short = SamplingParams(max_new_tokens=6)
-    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, micro_batch=4), get_suite("bank"),
-                         tmp_path / "run", k=2, mode="real", tools=bank_catalog, gate=GateConfig(max_steps=1),
+    trainer = OnlineGRPO(GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, performance={"micro_batch": 4}), get_suite("bank"),
+                         tmp_path / "run", k=2, mode="real", tools=bank_catalog, limits=RunLimits(max_steps=1),
                          sampling={"act": short, "rehearse": short},
                          model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
     from envace_mcp.policy.forced import ForcedPolicy
@@ -114,7 +114,7 @@ def tiny_trainer(tmp_path, config, tasks, bank_catalog, *, max_steps):
     folder = build_tiny_qwen3(tmp_path / "tiny")
     short = SamplingParams(max_new_tokens=6)
     trainer = OnlineGRPO(config, get_suite("bank"), tmp_path / "run", k=2, tools=bank_catalog,
-                         gate=GateConfig(max_steps=max_steps), sampling={"act": short, "rehearse": short},
+                         limits=RunLimits(max_steps=max_steps), sampling={"act": short, "rehearse": short},
                          model=AutoModelForCausalLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder))
     trainer.source.tasks = tasks
     return trainer
@@ -127,7 +127,7 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(t
     With dynamic sampling the step keeps drawing tasks until it has two groups with signal; without it,
     the step keeps its first two groups whatever they scored. Both log the uniform fraction."""
 
-    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.envs.reference import reference_roles
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.sources import SeededOrder
@@ -147,7 +147,8 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_further_tasks(t
                 return "Done."
         return roles[request.task]["act"](request)
 
-    config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=2, micro_batch=8, dynamic_sampling=rounds)
+    config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=2, experimental={"dynamic_sampling": rounds},
+                        performance={"micro_batch": 8})
     trainer = tiny_trainer(tmp_path, config, tasks, bank_catalog, max_steps=2)
     def rehearse(request):
         task = next(m.content for m in request.history if isinstance(m, HumanMessage))
@@ -185,7 +186,7 @@ def test_a_fidelity_reward_no_rollout_could_earn_is_refused():
     from envace_mcp.errors import UserError
     from envace_mcp.train.config import GRPOConfig, check_rollout_mode
 
-    fidelity = GRPOConfig(fidelity_weight=0.5)
+    fidelity = GRPOConfig(experimental={"fidelity_weight": 0.5})
     for mode, rehearse in [("simulated", "all"), ("mixed", "writes")]:
         with pytest.raises(UserError, match="fidelity_weight rewards rehearsals whose call really ran"):
             check_rollout_mode(fidelity, mode, GateConfig(rehearse=rehearse))
@@ -193,7 +194,7 @@ def test_a_fidelity_reward_no_rollout_could_earn_is_refused():
     check_rollout_mode(fidelity, "real")
     check_rollout_mode(GRPOConfig(), "simulated")  # off: nothing to refuse
     with pytest.raises(UserError, match="real_output_ce teaches real tool outputs"):
-        check_rollout_mode(GRPOConfig(real_output_ce=0.1), "simulated")
+        check_rollout_mode(GRPOConfig(experimental={"real_output_ce": 0.1}), "simulated")
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.5])
@@ -203,7 +204,7 @@ def test_a_call_f1_reward_gives_signal_to_a_group_that_failed_the_task_alike(tmp
     F1 (`call_f1`); with `call_f1_weight` the group carries signal (the step trains on it), without it the
     group is uniform."""
 
-    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.envs.reference import reference_roles
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.trainer import GRPOConfig
@@ -220,7 +221,8 @@ def test_a_call_f1_reward_gives_signal_to_a_group_that_failed_the_task_alike(tmp
         starts.append(1)
         return roles["act"](request) if len(starts) % 2 else "Done."  # the reference read, or nothing
 
-    config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, micro_batch=8, call_f1_weight=weight)
+    config = GRPOConfig(lr=1e-3, steps=1, groups_per_step=1, experimental={"call_f1_weight": weight},
+                        performance={"micro_batch": 8})
     trainer = tiny_trainer(tmp_path, config, [task], bank_catalog, max_steps=3)
     trainer.policy = ForcedPolicy(trainer.policy, act=act, rehearse=roles["rehearse"])
     record = trainer.run()[0]
@@ -245,4 +247,4 @@ def test_call_f1_weight_refuses_runs_that_carry_no_call_f1():
     assert fixtures and all(t.reward("call_f1") is None for t in fixtures)
     assert trainable_groups(fixtures, SimpleNamespace(config=GRPOConfig()))  # off: trained as before
     with pytest.raises(UserError, match=r"call_f1_weight adds each run's tool-call F1 .* have no 'call_f1' reward"):
-        trainable_groups(fixtures, SimpleNamespace(config=GRPOConfig(call_f1_weight=0.5)))
+        trainable_groups(fixtures, SimpleNamespace(config=GRPOConfig(experimental={"call_f1_weight": 0.5})))

@@ -120,9 +120,9 @@ def test_reference_runs_with_the_models_own_rehearsals_measure_the_world_model(t
     """Forced reference actions, the model's own rehearsals, every call really run and compared."""
     import anyio
 
-    from envace_mcp.eval import get_suite
+    from envace_mcp.envs import get_suite
     from envace_mcp.policy import SamplingParams, load_policy
-    from envace_mcp.train.reference import record_reference_traces
+    from envace_mcp.lab.reference import record_reference_traces
 
     suite = get_suite("bank")
     task = next(t for t in suite.split("test") if t.kind == "fund_and_buy")  # two writes
@@ -145,8 +145,8 @@ def test_rehearse_rows_learn_only_what_the_environment_said_never_the_gates_refu
     (block): ..."); a world model trained on it would learn to predict the gate, not the server."""
     import anyio
 
-    from envace_mcp.eval import get_suite
-    from envace_mcp.eval.reference import calls_made, reference_roles
+    from envace_mcp.envs import get_suite
+    from envace_mcp.envs.reference import calls_made, reference_roles
     from envace_mcp.graph import GateConfig, create_envace_graph
     from envace_mcp.policy import load_policy
     from envace_mcp.policy.forced import ForcedPolicy
