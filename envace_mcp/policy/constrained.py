@@ -1,8 +1,7 @@
 """Tool calls held to the tools' schemas while they are decoded (`constrain_calls=True`).
 
-A small model names tools it has and then writes another tool's arguments: the shipped bank adapter
-wrote `place_order(account_id, symbol, to_account_id, amount, memo)` (the `transfer` arguments) on
-5 of the 6 bank validation tasks that buy or sell, and the gate rejected the call for its missing `side`.
+A small model names tools it has and then writes another tool's arguments (a `place_order` with
+`transfer`'s `to_account_id`, `amount` and `memo`), which the gate then rejects for a missing `side`.
 `CallConstraint` watches the act role's text as it is decoded and, inside a `<tool_call>` JSON block,
 lets through only tokens that keep the call a call the schema accepts so far:
 
@@ -10,9 +9,8 @@ lets through only tokens that keep the call a call the schema accepts so far:
 - `"arguments"` of a known tool: each key one the tool declares (once), a value that starts as its type
   says (`"` for a string, a digit or `-` for a number, `t`/`f`, `n` where null is allowed, `{`, `[`),
   a string enum one of its values, a number inside its `minimum` / `maximum` (exclusive or not; no
-  `-` where the bound is 0 or more), and the object closed only once every required key is there.
-  On bank test the adapter wrote a negative transfer `amount` (`gt=0`) 11 times under constraints that
-  checked only the kind.
+  `-` where the bound is 0 or more: a constraint that checked only the kind let a negative transfer
+  `amount` through a `gt=0` schema), and the object closed only once every required key is there.
 
 Outside a `<tool_call>` block, and inside values it does not check (free strings, numbers' digits,
 nested objects), any token goes. This is what OpenAI's strict function calling and vLLM's structured
@@ -20,7 +18,8 @@ outputs do for a whole reply, kept to the call so the model can still answer in 
 
 The logprob recorded for a constrained token is under the constrained distribution (the disallowed
 tokens' mass removed), so a run decoded this way is an inference run: the trainer's recomputation would
-not match it, and GRPO rollouts do not use it.
+not match it, and GRPO rollouts do not use it. What it changes for an agent is measured in
+docs/evidence.md ("Constrained calls").
 """
 
 from __future__ import annotations

@@ -28,9 +28,10 @@ MARKER = "envace-cache.json"
 
 
 EMBEDDED_ADAPTER = Path(__file__).parent / "adapters" / "smollm2-bank"
-"""The LoRA adapter shipped for the embedded model (trained on the bundled bank suite's reference
-runs; how, with the exact commands and held-out scores, in its README.md). `envace demo`, `envace run`
-and `envace policy try` load it with the embedded model unless told `--adapter none`."""
+"""The LoRA adapter shipped for the embedded model (SFT on the bundled suites' reference runs, then GRPO
+on bank; how, with the exact commands, in its README.md; its scores in docs/evidence.md). `envace demo`,
+`envace run`, `envace eval` and `envace policy try` load it with the embedded model unless told
+`--adapter none`."""
 
 
 def embedded_adapter() -> Path:

@@ -260,7 +260,7 @@ def observations_only(messages: list[BaseMessage]) -> list[BaseMessage]:
     """The conversation as the environment saw it, for the rehearse role: calls that never ran (the
     gate's refusals, marked `NOT_EXECUTED`) and their replies are left out. A refusal is not the
     tool's reply; shown as one, a world model copies it when the agent retries the call, and the gate
-    blocks again on its own earlier words ([J]: 8 of 45 blocks on bank validation)."""
+    blocks again on its own earlier words."""
     refused = {m.tool_call_id for m in messages if isinstance(m, ToolMessage) and m.additional_kwargs.get(NOT_EXECUTED)}
     if not refused:
         return list(messages)

@@ -1,8 +1,8 @@
 """Tools as text for chat templates without native tool support: JSON schemas, or one line per tool.
 
-The JSON form (`"json"`) is Hermes / Qwen's `# Tools` block with every schema in full: what the
-shipped SmolLM2 adapter was trained on, ~1,240 tokens for the bank server's 9 tools. The compact form
-(`"compact"`) writes each tool as a typed signature with its result's fields —
+The JSON form (`"json"`) is Hermes / Qwen's `# Tools` block with every schema in full, ~1,240 tokens
+for the bank server's 9 tools. The compact form (`"compact"`, what the shipped SmolLM2 adapter was
+trained on) writes each tool as a typed signature with its result's fields —
 
     - transfer(from_account_id: str, to_account_id: str, amount: num>0, memo?: str<=140 = "") -> {transfer_id, ...}
       Move money between two accounts. Fails on insufficient funds or unknown accounts.
