@@ -135,8 +135,7 @@ def test_the_graph_and_drop_in_examples_run_with_the_embedded_model():
 
 
 def test_policy_try_prints_the_embedded_models_rehearsal_beside_the_real_result():
-    out = run("policy", "try", "--role", "rehearse", "--server", "bank", "--tool", "transfer",
-              "--max-new-tokens", "24", timeout=600)
+    out = run("policy", "try", "--role", "rehearse", "--server", "bank", "--tool", "transfer", timeout=600)
     assert out.returncode == 0, out.stderr
     assert "rehearsed by SmolLM2-135M-Instruct (embedded)" in out.stdout and "real result from bank" in out.stdout
     assert "fidelity:" in out.stdout and '"to_balance"' in out.stdout

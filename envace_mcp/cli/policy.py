@@ -23,11 +23,10 @@ def policy_try(
     task_id: Annotated[Optional[str], typer.Option("--task", help="task whose world and history to use")] = None,
     model: ModelOpt = None,
     adapter: AdapterOpt = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 160,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
-    seed: int = 0,
 ) -> None:
-    """Show the model's rehearsed prediction beside the real result (or its act turn for a task)."""
+    """Show the model's rehearsed prediction beside the real result (or its act turn for a task).
+
+    Sampled as every run is (greedy; 160 tokens for an act turn, 400 for a rehearsal)."""
     suite = _suite(server)
     try:
         arguments = json.loads(args) if args else None
@@ -42,11 +41,10 @@ def policy_try(
         _fail(exc)
     if task is None:
         _fail(ValueError(f"no test task of {server!r} calls {tool!r}; pass --task"))
-    anyio.run(_policy_try, role, suite, task, tool, arguments, model, adapter,
-              {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed})
+    anyio.run(_policy_try, role, suite, task, tool, arguments, model, adapter)
 
 
-async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampling) -> None:  # noqa: ANN001
+async def _policy_try(role, suite, task, tool, arguments, model, adapter) -> None:  # noqa: ANN001
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from rich.columns import Columns
     from rich.panel import Panel
@@ -56,7 +54,6 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
         ActRequest,
         Example,
         RehearseRequest,
-        SamplingParams,
         ToolCall,
         load_policy,
     )
@@ -70,14 +67,16 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
             policy = load_policy(model, adapter=default_adapter(model, adapter))
         except EnvaceError as exc:
             _fail(exc)
-    params = SamplingParams(**sampling)
+    from envace_mcp.policy.types import run_sampling
+
+    sampling = run_sampling()
     config = {"mcpServers": {suite.name: suite.stdio_config()}}
     async with Toolbox(config) as toolbox:
         catalog = list(toolbox.catalog)
         console.print(Text.assemble(safe(task.id, "bold"), ": ", safe(task.instruction, "italic")))
         if role == "act":
             gen = await policy.act(ActRequest(task=task.instruction, tools=catalog, instructions=suite.server_module.POLICY),
-                                   params)
+                                   sampling["act"])
             calls = "\n".join(tool_call_text(c.name, c.arguments) for c in gen.parsed.tool_calls) or "(no tool call)"
             issues = ", ".join(i.code for i in gen.parsed.issues) or "none"
             reference = tool_call_text(task.actions[0].tool, task.actions[0].arguments)
@@ -101,7 +100,7 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter, sampli
         spec = toolbox.catalog.get(name)
         gen = await policy.rehearse(RehearseRequest(call=call, tool=spec, allowed=catalog, history=history,
                                                     act_message=tool_call_text(name, call_args), examples=examples),
-                                    params)
+                                    sampling["rehearse"])
         real = await scope.call(name, call_args)
     p = gen.parsed
     shown = json.dumps(p.result, indent=2) if p.result is not None else gen.text

@@ -92,10 +92,9 @@ def tasks_ls(
     domain: Annotated[str, typer.Argument(help="bank or retail")],
     split: Annotated[Optional[Literal["train", "test"]], typer.Option(help="only this split")] = None,
     limit: Annotated[int, typer.Option(min=1, help="rows shown")] = 20,
-    seed: int = 0,
 ) -> None:
     """List tasks of a bundled suite."""
-    suite = _suite(domain, seed)
+    suite = _suite(domain)
     tasks = [t for t in suite.tasks if split is None or t.split == split]
     table = Table(title=f"{domain}: {len(tasks)} tasks" + (f" ({split})" if split else ""))
     for col in ("id", "kind", "outcome", "calls", "instruction"):
@@ -106,10 +105,10 @@ def tasks_ls(
 
 
 @tasks_app.command("show")
-def tasks_show(task_id: str, seed: int = 0) -> None:
+def tasks_show(task_id: str) -> None:
     """Show one task: instruction, reference actions, expected answer."""
     try:
-        task = _suite(task_id.split("/")[0], seed).task(task_id)
+        task = _suite(task_id.split("/")[0]).task(task_id)
     except EnvaceError as exc:
         _fail(exc)
     console.print(f"[bold]{task.id}[/] ({task.kind}, {task.outcome})\n{task.instruction}\n")
