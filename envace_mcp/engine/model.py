@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,27 @@ def autocast_bf16(setting: bool | str, device: str = "cpu") -> bool:
     return bool(setting)
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Loading and wrapping a model without transformers' "Loading weights" bar and peft's FutureWarning
+    about transformers' renamed `is_gradient_checkpointing`: library noise, not something a user of
+    ours can act on, whether they came through the CLI or Python. `ENVACE_VERBOSE=1` shows it."""
+    if os.environ.get("ENVACE_VERBOSE"):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(model: str | Path, *, adapter: str | Path | None = None, dtype: str | torch.dtype = "float32",
                device: str | None = None, trainable: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer) for a Hugging Face id or local folder (`policy.embedded.embedded_model_dir()`
@@ -89,14 +113,16 @@ def load_model(model: str | Path, *, adapter: str | Path | None = None, dtype: s
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model))
-        lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=resolve_dtype(dtype, device or "cpu"))
+        with quiet_loading():
+            lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=resolve_dtype(dtype, device or "cpu"))
     except OSError as exc:
         raise UserError(f"could not load model {str(model)!r}: {exc}") from exc
     if adapter is not None:
         from peft import PeftModel
 
         try:
-            lm = PeftModel.from_pretrained(lm, str(adapter), is_trainable=trainable)
+            with quiet_loading():
+                lm = PeftModel.from_pretrained(lm, str(adapter), is_trainable=trainable)
         except (OSError, ValueError) as exc:  # no adapter_config.json there, or not an adapter of this model
             raise UserError(f"could not load adapter {str(adapter)!r}: {exc}") from exc
     if device is not None:

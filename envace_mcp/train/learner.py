@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from envace_mcp.engine.model import autocast_bf16
+from envace_mcp.engine.model import autocast_bf16, quiet_loading
 from envace_mcp.train import distributed
 from envace_mcp.train.advantages import group_key, step_advantages
 from envace_mcp.train.config import GRPOConfig
@@ -65,13 +65,16 @@ class GRPOLearner:
             if not hasattr(model, "peft_config"):  # (`load_model` above loads it)
                 from peft import PeftModel
 
-                model = PeftModel.from_pretrained(model, config.adapter, is_trainable=True)
+                with quiet_loading():
+                    model = PeftModel.from_pretrained(model, config.adapter, is_trainable=True)
         elif config.lora:
             from peft import LoraConfig, get_peft_model
 
             torch.manual_seed(config.seed)
-            model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, task_type="CAUSAL_LM",
-                                                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+            with quiet_loading():
+                model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                                         task_type="CAUSAL_LM",
+                                                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
         self.model = model.to(distributed.device())
         prepare_for_training(model, config.performance.gradient_checkpointing)
         self.reference: Any = None

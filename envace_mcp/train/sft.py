@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from envace_mcp.engine.model import autocast_bf16
+from envace_mcp.engine.model import autocast_bf16, quiet_loading
 from envace_mcp.traces.schema import Trace
 from envace_mcp.train.config import SFTConfig
 from envace_mcp.train.rows import (
@@ -138,8 +138,9 @@ def train_sft(model: Any, rows: list[Segment], pad_id: int, config: SFTConfig, *
     if config.lora and not hasattr(model, "peft_config"):  # a model loaded with a trainable adapter continues it
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                                                 target_modules=config.lora_targets, task_type="CAUSAL_LM"))
+        with quiet_loading():
+            model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                                     target_modules=config.lora_targets, task_type="CAUSAL_LM"))
     fast = config.performance
     prepare_for_training(model, fast.gradient_checkpointing)
     cap_heap_blocks(fast.mmap_threshold_mb)
