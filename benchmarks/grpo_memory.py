@@ -7,8 +7,8 @@ step, fp32, LoRA, gradient checkpointing), with a sampler thread reading this pr
     python benchmarks/grpo_memory.py [--steps 2] [--max-new-tokens 96] [--prefix-cache-tokens N]
                                      [--share-prefix --micro-batch 4] [--adapter embedded|DIR] [--rollouts-only]
 
-`--adapter embedded` starts from the shipped bank adapter: its runs go on for up to 12 calls (~5k-token
-contexts), where the bare model's end after a call or two — the long-run case. `--rollouts-only` stops
+`--adapter embedded` starts from the shipped bank adapter, whose runs go on for several calls (contexts
+of thousands of tokens), where the bare model's end after a call or two: the long-run case. `--rollouts-only` stops
 before the first update (the long-run update takes most of an hour here).
 """
 

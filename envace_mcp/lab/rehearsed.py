@@ -2,9 +2,9 @@
 
 Test-time rehearsal (`graph.tts`) hands the committed run a "# Rehearsal memory" before its first call:
 the paths of N imagined attempts. Reference runs never have one (the in-run memory appears only after a
-call was rehearsed), so a model trained on them alone meets the memory first at test time, and on bank
-validation that shift alone cost the shipped adapter 0.208 (docs/evidence.md, tenth session). These
-runs put the memory there in training.
+call was rehearsed), so a model trained on them alone meets the memory first at test time, a shift of
+its prompt that can cost more than the memory gives (docs/evidence.md#test-time-rehearsal). These runs
+put the memory there in training.
 
 Each imagined attempt is one of the ways the model's own imagined runs go (seeded per task):
 

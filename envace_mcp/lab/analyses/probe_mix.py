@@ -1,4 +1,4 @@
-"""Build the balanced probe mix of docs/evidence.md ("third session"): the reference runs of 10 fit
+"""Build a balanced probe mix (docs/evidence.md#the-world-model): the reference runs of 10 fit
 tasks of each of the 12 bank kinds (the fit tasks in even rounds of 12; the kinds alternate, so every
 other task would be 6 kinds only), every non-typo probe of those tasks, and `--typos` of their typo
 probes picked at random.
