@@ -7,7 +7,7 @@ ways, all read here:
     key=value,key=value            --gate on_unusable=block,require_approval=never   (CLI, ENVACE_GATE)
     key=[a,b]                      --gate evidence=[repeated_writes,ungrounded_arguments]
     group.key=value                -c performance.micro_tokens=8192                   (nested settings)
-    {"key": value, ...}            --config grpo.json, an adapter's envace.json, a served context
+    {"key": value, ...}            -c grpo.json, an adapter's envace.json, a served context
 
 A value typed on a command line is read as its field's type says (`yes`/`no` for a bool, `none` where
 the field may be None); a bad one is one `UserError` line naming where it came from, the key, what it
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -33,12 +32,9 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def changed(self, other: BaseModel) -> list[str]:
-        """`key: self → other` for each setting (dotted for nested ones) that differs."""
-        return differences(self.model_dump(mode="json"), other.model_dump(mode="json"))
-
 
 def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """`key: a → b` for each setting (dotted for nested ones) that differs between two JSON forms."""
     if isinstance(a, dict) and isinstance(b, dict):
         out: list[str] = []
         for key in sorted(set(a) | set(b), key=str):
@@ -176,16 +172,3 @@ def describe(exc: ValidationError, model: type[BaseModel]) -> str:
         problems.append(f"{loc + ' ' if loc else ''}must be {message}{shown}" if error["type"] != "value_error"
                         else f"{loc + ': ' if loc else ''}{message}")
     return "; ".join(problems)
-
-
-def load_file(model: type[S], path: str | Path, *overrides: dict[str, Any] | None) -> S:
-    """`model` from a JSON file (a torn or non-object file is a UserError naming it), then overrides."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a JSON settings file ({exc})") from None
-    return build(model, data, *overrides, where=str(path))
-

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from envace_mcp.config import build, load_file, parse_text
+from envace_mcp.cli._common import _config_layers
+from envace_mcp.config import build, parse_text
 from envace_mcp.errors import UserError
 from envace_mcp.train.config import GRPOConfig, SFTConfig
 
@@ -33,14 +34,15 @@ def test_a_flat_grpo_json_written_before_the_groups_loads_into_them(tmp_path):
     old.write_text(json.dumps({"lr": 1e-3, "steps": 2, "micro_batch": 8, "share_prefix": False, "bf16": False,
                                "rollout_kv_gb": None, "kinds": ["transfer_funds"], "fidelity_weight": 0.5,
                                "dynamic_sampling": 2, "skip_zero_advantage": False, "tis_cap": 3.0}))
-    config = load_file(GRPOConfig, old)
+    config = build(GRPOConfig, *_config_layers([str(old)], GRPOConfig), where="-c")  # as `train grpo -c` reads it
     assert (config.lr, config.steps, config.tis_cap) == (1e-3, 2, 3.0)
     assert (config.performance.micro_batch, config.performance.share_prefix, config.performance.bf16,
             config.performance.rollout_kv_gb, config.performance.skip_zero_advantage) == (8, False, False, None, False)
     assert (config.experimental.kinds, config.experimental.fidelity_weight,
             config.experimental.dynamic_sampling) == (["transfer_funds"], 0.5, 2)
     assert "micro_batch" not in config.model_dump()  # written back in the new shape only
-    assert load_file(GRPOConfig, old, {"performance": {"micro_batch": 4}}).performance.micro_batch == 4  # a later layer wins
+    later = build(GRPOConfig, *_config_layers([str(old), "performance.micro_batch=4"], GRPOConfig), where="-c")
+    assert later.performance.micro_batch == 4 and later.lr == 1e-3  # a later layer wins, the rest stays
 
 
 def test_key_value_settings_reach_the_groups_over_a_json_file(tmp_path):
