@@ -115,7 +115,7 @@ def _legacy_keys(model: type[BaseModel]) -> tuple[str, ...]:
 def _unknown(key: str, model: type[BaseModel]) -> str:
     moved = getattr(model, "MOVED", {})
     if key in moved:
-        return f"{key!r} is not a {model.__name__} setting: {moved[key]}"
+        return f"{key!r} is not a setting of {model.__name__}: {moved[key]}"
     known = list(model.model_fields)
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -74,6 +74,21 @@ typer.rich_utils.rich_format_help = _help_for_logs(typer.rich_utils.rich_format_
 typer.core.TyperOption.display_type_rich = _no_type_on_flags(typer.core.TyperOption.display_type_rich)  # type: ignore[method-assign]
 
 
+RETIRED = {
+    "--max-steps": "--limits max_steps=N", "--rehearse-max-new-tokens": "-c rehearse_max_new_tokens=N",
+    "--strategy": "-c strategy=parallel|sequential", "--concurrency": "-c concurrency=N",
+    "--temperature": "-c temperature=T", "--seed": "-c seed=N", "--constrain-calls": "-c constrain_calls=true",
+    "--transport": "-c transport=inprocess|stdio|http", "--kind": "-c experimental.kinds=[A,B]",
+    "--split": "-c split=train|fit", "--lr": "-c lr=X", "--batch-size": "-c batch_size=N", "--full": "-c lora=false",
+    "--lora-r": "-c lora_r=N", "--min-reward": "-c min_reward=X", "--bf16": "-c performance.bf16=true",
+    "--fp32": "-c performance.bf16=false", "--share-prefix": "-c performance.share_prefix=true",
+    "--no-share-prefix": "-c performance.share_prefix=false", "--micro-batch": "-c performance.micro_batch=N",
+    "--micro-tokens": "-c performance.micro_tokens=N", "--max-new-tokens": "-c max_new_tokens=N",
+}
+"""Options that moved into a settings model (`--limits`, `-c`), for the error an old command line meets,
+where the command takes that door (a `-c` hint only where it has `-c`)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console script: a bad argument is one `error:` line naming it, exit code 2, before any model
     or server starts (Click's usage errors otherwise print a boxed, multi-line message)."""
@@ -97,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
             ctx = getattr(exc, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None else ""
             message = exc.format_message().replace(": Value error, ", ": ")  # type: ignore[attr-defined]
+            option = getattr(exc, "option_name", None)
+            takes_config = ctx is not None and any("--config" in getattr(p, "opts", ()) for p in ctx.command.params)
+            if (type(exc).__name__ == "NoSuchOption" and option in RETIRED  # Click's guess would mislead
+                    and (takes_config or not RETIRED[option].startswith("-c"))):
+                message = f"No such option: {option}; it is {RETIRED[option]} now"
             err_console.print(Text.assemble(("error: ", "bold red"), where + message))
             code = getattr(exc, "exit_code", 2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -22,7 +22,7 @@ servers_app = typer.Typer(no_args_is_help=True, help="MCP servers: list tools, p
 tasks_app = typer.Typer(no_args_is_help=True, help="The bundled task suites.")
 policy_app = typer.Typer(no_args_is_help=True, help="The policy model: try its roles against real tools.")
 traces_app = typer.Typer(no_args_is_help=True, help="Recorded runs: list, show, summarise.")
-train_app = typer.Typer(no_args_is_help=True, help="Training from recorded runs: SFT warm start, offline GRPO.")
+train_app = typer.Typer(no_args_is_help=True, help="Training: SFT warm start, EnvACE GRPO from recorded runs or fresh rollouts.")
 
 # Off a terminal rich would squeeze tables into 80 columns; logs read better wider.
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)

@@ -203,6 +203,8 @@ def _answer(state: dict[str, Any]) -> Text:
     if answer is not None:
         return safe(str(answer))
     if state.get("status") == "max_steps":
-        return Text(f"none: the agent used its {state.get('steps', 0)} turns without answering (--limits max_steps=N)",
+        steps = state.get("steps", 0)
+        return Text(f"none: the agent used its {steps} turn{'s' if steps != 1 else ''} without answering "
+                    "(--limits max_steps=N)",
                     "yellow")
     return Text("none", "yellow")

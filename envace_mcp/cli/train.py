@@ -92,7 +92,8 @@ def train_sft_command(
         rows = sft_rows(runs, encode, end, reward=settings.reward, min_reward=settings.min_reward,
                         roles=tuple(settings.roles))
         if not rows:
-            _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids"))
+            _fail(ValueError(f"no SFT rows in {traces}: need successful runs with token ids (the bundled suites' "
+                             "reference solutions: envace lab reference; your own agent's: docs/training.md)"))
         steps = settings.epochs * steps_per_epoch(rows, settings)
         with Progress("SFT", total=steps, console=console) as progress, \
                 open_append(out / "metrics.jsonl", truncate=True) as log:

@@ -74,11 +74,15 @@ class EvalConfig(Settings):
     """Decode the act role's tool calls under the tools' schemas (`policy.constrained`)."""
 
     NESTED: ClassVar[dict[str, type]] = {"gate": GateConfig}
+    MOVED: ClassVar[dict[str, str]] = {key: f"it is limits.{key}" for key in RunLimits.model_fields}
 
     @field_validator("gate", mode="before")
     @classmethod
     def _gate_settings(cls, value: Any) -> Any:
-        return gate_settings(value, "EvalConfig.gate")  # typed and checked as every form of gate settings is
+        try:  # typed and checked as every form of gate settings is
+            return gate_settings(value, "gate")
+        except UserError as exc:
+            raise ValueError(str(exc).removeprefix("gate: ")) from None
 
     def adapter_folder(self) -> str | None:
         """The adapter the model runs with (`default_adapter`); None for the reference and noop policies."""
@@ -265,7 +269,8 @@ def finished_runs(out: Path, settings: EvalConfig) -> dict[tuple[str, int], dict
 
     differ = differences(head["settings"], _settings_key(settings))
     if differ:
-        raise UserError(f"{out} holds runs of another configuration ({differ[0]}; there → now); use another "
+        shown = "; ".join(differ[:3]) + (f"; and {len(differ) - 3} more" if len(differ) > 3 else "")
+        raise UserError(f"{out} holds runs of another configuration ({shown}; there → now); use another "
                         "--out, or the same settings to resume")
     done: dict[tuple[str, int], dict[str, Any]] = {}
     for number, line in enumerate(lines[1:], start=2):

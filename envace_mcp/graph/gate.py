@@ -361,7 +361,8 @@ def decide(
         return Decision("block", f"destructive call blocked: {seen}")
     if spec.annotations.destructive and ((failing and config.block_destructive_on_predicted_failure)
                                          or (unusable and config.on_unusable == "block")):
-        why = (f"rehearsal unusable ({prediction.code}), failing closed" if unusable else
+        why = (f"rehearsal unusable ({prediction.code}), failing closed (on_unusable=block; with on_unusable=allow "
+               "approval decides)" if unusable else
                f"rehearsal predicts {prediction.code}{sure}: {prediction.message or prediction.details or 'failure'}")
         if config.approve_blocked:
             return Decision("ask", f"destructive call blocked ({why}); a human may approve it")

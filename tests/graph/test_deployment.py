@@ -70,7 +70,7 @@ def test_the_deployment_reads_its_gate_and_limits_as_json_or_as_key_value_pairs_
     # a deployment configured before the evidence rules became one set reads as the new shape
     assert Deployment.from_env({"ENVACE_GATE": "block_repeated_writes=true"}).gate == {"evidence": ("repeated_writes",)}
     for env, says in [({"ENVACE_LIMITS": "max_steps=0"}, "ENVACE_LIMITS: max_steps must be greater than or equal to 1"),
-                      ({"ENVACE_GATE": "max_steps=3"}, "ENVACE_GATE: 'max_steps' is not a GateConfig setting: it is a run limit"),
+                      ({"ENVACE_GATE": "max_steps=3"}, "ENVACE_GATE: 'max_steps' is not a setting of GateConfig: it is a run limit"),
                       ({"ENVACE_GATE": "{bad"}, "ENVACE_GATE: not a JSON object"),
                       ({"ENVACE_GATE": "colour=red"}, "ENVACE_GATE: unknown setting 'colour'"),
                       ({"ENVACE_ALLOW_CONTEXT": "policy"}, "ENVACE_ALLOW_CONTEXT: unknown policy; known: servers"),

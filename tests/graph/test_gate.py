@@ -183,7 +183,7 @@ def test_key_value_text_is_typed_by_the_field_it_sets_and_run_limits_have_their_
     assert gate_text("evidence=[]", "--gate") == {"evidence": ()}
     assert limits_text("max_steps=8,max_real_calls=none", "--limits") == {"max_steps": 8, "max_real_calls": None}
     assert RunLimits(**limits_text("max_rehearsals=0", "x")) == RunLimits(max_rehearsals=0)
-    for text, says in [("max_steps=3", "--gate: 'max_steps' is not a GateConfig setting: it is a run limit "
+    for text, says in [("max_steps=3", "--gate: 'max_steps' is not a setting of GateConfig: it is a run limit "
                                        "(RunLimits; --limits max_steps=N, ENVACE_LIMITS)"),
                        ("rehearse", "--gate: 'rehearse' needs a value"),
                        ("rehearse=al", "--gate: rehearse must be 'all', 'writes' or 'none', not 'al'")]:

@@ -63,7 +63,7 @@ def test_a_misspelt_or_moved_key_is_refused_with_a_close_match():
         parse_text("performance.micro_token=1", GRPOConfig, "-c")
     with pytest.raises(UserError, match="unknown setting 'epsilon_hgh'; did you mean 'epsilon_high'"):
         parse_text("epsilon_hgh=0.3", GRPOConfig, "-c")
-    with pytest.raises(UserError, match="'share_prefix' is not a GRPOConfig setting: it is performance.share_prefix"):
+    with pytest.raises(UserError, match="'share_prefix' is not a setting of GRPOConfig: it is performance.share_prefix"):
         parse_text("share_prefix=false", GRPOConfig, "-c")  # typed, a setting has one name: its group's
     with pytest.raises(UserError, match="unknown setting 'epoch'; did you mean 'epochs'"):
         build(SFTConfig, {"epoch": 3}, where="sft.json")
