@@ -15,7 +15,6 @@ still mean approve.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import uuid
@@ -124,10 +123,7 @@ class Proposal:
 
 def spec_digest(spec: ToolSpec | None) -> str:
     """A catalog entry's identity as the gate judges it: server, names, description, schemas, annotations."""
-    if spec is None:
-        return "none"
-    text = json.dumps(spec.to_dict(), sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return "none" if spec is None else spec.digest
 
 
 def tool_calls(message: AIMessage) -> list[ToolCall]:

@@ -42,3 +42,18 @@ def test_an_invalid_schema_is_reported_and_does_not_block_calls():
     validator = ArgumentValidator({"type": "object", "properties": {"a": {"type": 12}}})
     assert validator.schema_error
     assert validator.errors({"a": 1}) == []
+
+
+def test_a_call_checked_again_gets_the_same_answer_and_its_own_copy():
+    """The gate, the act node and the toolbox check one call three times; the second and third are
+    answered from what the first found, and nobody can change that answer for the others."""
+    from envace_mcp.toolbox.validation import ArgumentValidator
+
+    validator = ArgumentValidator({"type": "object", "properties": {"amount": {"type": "number", "minimum": 0}},
+                                   "required": ["amount"]})
+    first = validator.errors({"amount": -1})
+    first[0]["message"] = "tampered"
+    again = validator.errors({"amount": -1})
+    assert again and again[0]["field"] == "amount" and again[0]["message"] != "tampered"
+    assert validator.errors({"amount": 3}) == [] and validator.errors({}) != []
+    assert validator.errors({"amount": float("nan")}) == validator.errors({"amount": float("nan")})
