@@ -7,15 +7,15 @@
   prediction accuracy (a *usable* rehearsal predicted an error exactly when the real call failed);
 - cost: generated tokens by role (test-time rehearsal's imagined runs counted apart), real tool calls,
   calls the gate stopped, wall time;
-- the gate's value (bundled suites, real mode): of the destructive calls proposed, the harmful ones (they
-  would fail, or are none of the task's requested writes) stopped vs executed, and the requested ones
-  stopped (false blocks); "would" is measured off-server by `Suite.destructive_calls`;
+- the gate's value (bundled suites, real mode): of the destructive calls proposed, the harmful ones stopped
+  vs executed, and the requested ones stopped (false blocks). Harmful is two kinds: "fail", the server would
+  refuse the call anyway, and "unrequested", it would succeed but nobody asked for it; "would" is measured
+  off-server by `Suite.destructive_calls`;
 - paired comparison of two configurations on the same tasks, with a bootstrap confidence interval.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -23,60 +23,14 @@ from math import ceil, comb, sqrt
 from statistics import NormalDist, stdev
 from typing import Any
 
+from envace_mcp.envs.rewards import call_match, made_calls, prf, reference_calls
 from envace_mcp.policy.fidelity import field_split
 from envace_mcp.toolbox.result import ToolResult
 from envace_mcp.traces.schema import STOPPED
 
-Call = tuple[str, Any]
 FIELD_KINDS = ("echoed", "seen", "new")
 """A real result's fields: the call's own argument values, values read earlier in the run, and the rest
 (what the environment computed or made)."""
-
-
-def _key(call: Call) -> tuple[str, str]:
-    name, arguments = call
-    return name, json.dumps(arguments if arguments is not None else {}, sort_keys=True, ensure_ascii=False, default=str)
-
-
-def call_match(made: Sequence[Call], reference: Sequence[Call]) -> dict[str, Any]:
-    """Multiset match of made vs reference calls by (name, arguments); also by name alone."""
-    made_keys, ref_keys = Counter(map(_key, made)), Counter(map(_key, reference))
-    tp = sum((made_keys & ref_keys).values())
-    tp_name = sum((Counter(n for n, _ in made) & Counter(n for n, _ in reference)).values())
-    return {"made": len(made), "reference": len(reference), "tp": tp, "tp_name": tp_name,
-            "exact": [_key(c) for c in made] == [_key(c) for c in reference]}
-
-
-def made_calls(trace: Any) -> list[Call]:
-    """The calls a run made: those that ran (approved asks too) or were answered by a rehearsal, not those
-    the gate or a human stopped; in single-turn suites (BFCL AST), where nothing executes, the calls the
-    model proposed."""
-    made = [(s.tool, s.arguments or {}) for s in trace.steps
-            if s.role == "tool" and s.decision not in STOPPED and s.tool]
-    if not any(s.role == "tool" for s in trace.steps):
-        for step in trace.steps:
-            if step.role == "act" and isinstance(step.parsed, dict):
-                made += [(c.get("name"), c.get("arguments") or {}) for c in step.parsed.get("tool_calls") or []]
-    return made
-
-
-def reference_calls(task: Any) -> list[Call]:
-    """The calls a task's reference run makes (its `actions`)."""
-    return [(a.tool, dict(a.arguments)) for a in task.actions]
-
-
-def call_f1(trace: Any, task: Any) -> tuple[float, dict[str, Any]]:
-    """A run's tool-call F1 against its task's reference calls, and the match it comes from (`call_match`)."""
-    match = call_match(made_calls(trace), reference_calls(task))
-    return prf(match["tp"], match["made"], match["reference"])["f1"], match
-
-
-def prf(tp: int, made: int, reference: int) -> dict[str, float]:
-    """Precision, recall, F1; an agent that makes no call on a task with none is perfect there."""
-    precision = tp / made if made else (1.0 if reference == 0 else 0.0)
-    recall = tp / reference if reference else (1.0 if made == 0 else 0.0)
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1}
 
 
 def pass_hat_k(successes: int, n: int, k: int) -> float:
@@ -196,7 +150,8 @@ def _summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def gate_value(calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the gate did with destructive calls, by what they would have done (`Suite.destructive_calls`):
-    harmful ones ("fail" or "unrequested") should be stopped, requested ones should run."""
+    harmful ones should be stopped, "fail" (the server would refuse it anyway) and "unrequested" (it would
+    succeed but nobody asked for it) counted apart; requested ones should run."""
     def count(would: Iterable[str], stopped: bool | None = None) -> int:
         return sum(1 for c in calls if c["would"] in would and (stopped is None or c["stopped"] == stopped))
 

@@ -53,9 +53,11 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
                                                        for k in kinds) + " |")
     gated = [res for res in results if res["summary"].get("gate_value", {}).get("proposed")]
     if gated:
-        lines += ["", "The gate on destructive calls (harmful: would fail, or none of the task's requested writes; "
-                      "measured off-server):", "",
-                  "| configuration | proposed | harmful stopped / harmful | harmful executed | would fail | unrequested "
+        lines += ["", "The gate on destructive calls. A harmful call is one of two kinds: *would fail*, the server "
+                      "would refuse it anyway; *unrequested*, it would succeed but nobody asked for it (none of the "
+                      "task's requested writes). Each call is tried off-server as the server would run it:", "",
+                  "| configuration | proposed | harmful stopped / harmful | harmful executed "
+                  "| would fail (server refuses anyway) | unrequested (would succeed, nobody asked) "
                   "| false blocks / requested |", "|---|---|---|---|---|---|---|"]
         for res in gated:
             g = res["summary"]["gate_value"]

@@ -1,6 +1,7 @@
 """The EnvACE graph with scripted policies against a real (in-process) bank server."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -8,8 +9,8 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from envace_mcp.eval import Episode
-from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
+from envace_mcp.envs import Episode
+from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
 from envace_mcp.testing import ScriptedPolicy
 from envace_mcp.toolbox import Toolbox
 from probe_server import build as build_probe
@@ -40,10 +41,13 @@ async def run(policy, toolbox, task, **context):
 
 def test_the_graph_topology_matches_its_snapshot():
     drawing = create_envace_graph().compile().get_graph().draw_mermaid()
-    if not SNAPSHOT.exists():  # first run writes it; review and commit
+    if os.environ.get("ENVACE_UPDATE_SNAPSHOTS") == "1":  # a deliberate change: rewrite, review the diff, commit
         SNAPSHOT.parent.mkdir(exist_ok=True)
         SNAPSHOT.write_text(drawing)
-    assert drawing == SNAPSHOT.read_text()
+    assert SNAPSHOT.exists(), (f"{SNAPSHOT} is missing: it is committed with the tests; to write it again, run "
+                               "ENVACE_UPDATE_SNAPSHOTS=1 pytest tests/graph/test_graph.py -k snapshot and commit it")
+    assert drawing == SNAPSHOT.read_text(), ("the graph's drawing changed; if on purpose, rewrite the snapshot with "
+                                             "ENVACE_UPDATE_SNAPSHOTS=1 and commit it")
 
 
 async def test_a_read_only_call_runs_unrehearsed_and_the_answer_ends_the_run(bank):
@@ -120,7 +124,7 @@ async def test_an_unsure_predicted_failure_lets_a_requested_write_reach_the_serv
 
 
 async def test_a_gate_that_fails_closed_keeps_a_write_with_an_unusable_rehearsal_off_the_server(bank):
-    """`block_destructive_on_unusable_rehearsal`: a rehearsal that broke the tool's output schema lets the
+    """`on_unusable="block"`: a rehearsal that broke the tool's output schema lets the
     transfer run by default, and blocks it when the gate fails closed; the trace says why."""
     from envace_mcp.policy import Prediction
     from envace_mcp.traces import record_run
@@ -135,7 +139,7 @@ async def test_a_gate_that_fails_closed_keeps_a_write_with_an_unusable_rehearsal
         episode = Episode(task, "bank")
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
-                                    gate=GateConfig(block_destructive_on_unusable_rehearsal=closed,
+                                    gate=GateConfig(on_unusable="block" if closed else "allow",
                                                     require_approval="never"))
             out, trace = await record_run(create_envace_graph().compile(),
                                           {"messages": [HumanMessage(content=task.instruction)]}, context=context)
@@ -145,8 +149,9 @@ async def test_a_gate_that_fails_closed_keeps_a_write_with_an_unusable_rehearsal
         reasons += [s.reason for s in trace.steps if s.role == "gate"]
     assert outcomes == [("execute", True), ("block", False)]
     assert reasons == ["rehearsal unusable (OUTPUT_SCHEMA_MISMATCH), so it predicts nothing; run without a prediction "
-                       "(block_destructive_on_unusable_rehearsal fails closed)",
-                       "destructive call blocked: rehearsal unusable (OUTPUT_SCHEMA_MISMATCH), failing closed"]
+                       "(on_unusable=block fails closed)",
+                       "destructive call blocked: rehearsal unusable (OUTPUT_SCHEMA_MISMATCH), failing closed "
+                       "(on_unusable=block; with on_unusable=allow approval decides)"]
 
 
 async def test_a_retried_call_is_rehearsed_without_the_gates_refusal_so_the_world_model_cannot_copy_it(bank):
@@ -261,7 +266,8 @@ async def test_an_approver_in_the_context_answers_asks_inside_the_run_without_a_
 async def test_evaluation_counts_a_call_a_human_approved_as_one_that_ran(bank):
     """An approved `ask` keeps that decision on its tool step and it ran: `envace eval` counts it as a real,
     made and rehearsed-and-compared call, as the graph does; the denied one is none of these."""
-    from envace_mcp.eval.metrics import made_calls, run_record
+    from envace_mcp.envs.rewards import made_calls
+    from envace_mcp.eval.metrics import run_record
     from envace_mcp.traces import record_run
 
     suite, task = bank
@@ -342,7 +348,7 @@ async def test_step_budget_ends_a_run_that_never_answers(bank):
     a = ids(task)
     policy = ScriptedPolicy(act=[call("get_balance", account_id=a["savings"])] * 3)
     async with Toolbox({"bank": suite.build_server()}) as toolbox:
-        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task, gate=GateConfig(max_steps=3))
+        out = await run(policy, toolbox.scoped(Episode(task, "bank").meta), task, limits=RunLimits(max_steps=3))
     assert out["status"] == "max_steps" and out["final_answer"] is None and out["real_calls"] == 3
 
 
@@ -356,7 +362,7 @@ async def test_an_unreadable_tool_call_gets_a_format_reminder_and_another_turn(b
 
 
 async def test_the_runs_own_evidence_blocks_made_up_ids_and_a_refused_call_sent_again(bank):
-    """`block_ungrounded_arguments` and `block_repeated_failures`: an account nobody wrote and a transfer
+    """The evidence rules `ungrounded_arguments` and `repeated_failures`: an account nobody wrote and a transfer
     the server already refused are blocked before the server, even though every rehearsal raised no
     objection; with the default gate all three calls reach it."""
     from envace_mcp.policy import Prediction
@@ -372,7 +378,7 @@ async def test_the_runs_own_evidence_blocks_made_up_ids_and_a_refused_call_sent_
         fine = [Prediction(tool="transfer", status="result", result={"ok": True}) for _ in range(3)]
         policy = ScriptedPolicy(act=[call("transfer", **made_up), call("transfer", **too_much),
                                      call("transfer", **too_much), "Done."], rehearse=fine)
-        gate = GateConfig(block_ungrounded_arguments=on, block_repeated_failures=on, require_approval="never")
+        gate = GateConfig(evidence=["ungrounded_arguments", "repeated_failures"] if on else [], require_approval="never")
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             episode = Episode(task, "bank")
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta), gate=gate)
@@ -391,7 +397,7 @@ async def test_the_runs_own_evidence_blocks_made_up_ids_and_a_refused_call_sent_
 
 
 async def test_a_write_that_already_ran_is_not_sent_again_until_the_user_asks_again(bank):
-    """`block_repeated_writes`: the same transfer twice in one turn moves the money once (with the rule
+    """The evidence rule `repeated_writes`: the same transfer twice in one turn moves the money once (with the rule
     off, twice); a new user message in the same thread asks again, and the same call then runs."""
     from envace_mcp.policy import Prediction
 
@@ -408,7 +414,7 @@ async def test_a_write_that_already_ran_is_not_sent_again_until_the_user_asks_ag
         async with Toolbox({"bank": suite.build_server()}) as toolbox:
             graph = create_envace_graph().compile(checkpointer=InMemorySaver())
             context = EnvaceContext(policy=policy, toolbox=toolbox.scoped(episode.meta),
-                                    gate=GateConfig(block_repeated_writes=on, require_approval="never"))
+                                    gate=GateConfig(evidence=["repeated_writes"] if on else [], require_approval="never"))
             config = {"configurable": {"thread_id": "t"}}
             first = await graph.ainvoke({"messages": [HumanMessage(content=task.instruction)]}, config, context=context)
             after_first = (await episode.final_state(toolbox))["accounts"][a["checking"]]["balance"]

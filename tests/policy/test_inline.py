@@ -39,7 +39,7 @@ def _policy(path, **kwargs):
 
 
 async def test_reference_rehearsals_continue_the_act_turn_and_read_like_the_real_server(plain_dir, tmp_path):
-    from envace_mcp.train.reference import record_reference_traces
+    from envace_mcp.lab.reference import record_reference_traces
     from envace_mcp.train.rows import collate
     from envace_mcp.train.sft import sft_rows, target_encoding
 
@@ -87,17 +87,21 @@ async def test_a_generated_inline_rehearsal_reuses_the_act_prompt_and_parses(pla
     generation = await policy.rehearse(RehearseRequest(
         call=call, tool=spec, allowed=list(bank_catalog), history=[HumanMessage(content=context.task)],
         act_message='<tool_call>\n{"name": "get_balance", "arguments": {"account_id": "CHK-1001"}}\n</tool_call>',
-        context=context))
+        context=context), SamplingParams(max_new_tokens=12, temperature=1.0, seed=3))  # greedy: newlines only
     assert generation.prompt_format == "inline" and generation.turn_close == "\n</tool_response>"
     assert generation.prompt_ids[: len(act.prompt_ids)] == act.prompt_ids
     assert policy.engine.stats["reused_tokens"] - reused >= len(act.prompt_ids) - 1  # prefilled once, for both roles
-    assert generation.parsed.status in ("result", "tool_error", "invalid")  # a random model: any, but typed
     assert 0 < len(generation.completion_ids) <= 12
+    # a random model writes anything; what it wrote is the decoded completion, parsed as the tool's reply
+    # up to the template's close of the tool turn
+    assert generation.text == policy.engine.decode(generation.completion_ids)
+    assert generation.parsed == parse_tool_turn(generation.text, call, spec, "\n</tool_response>")
+    assert (generation.parsed.tool, generation.parsed.arguments) == (call.name, call.arguments)
 
 
 async def test_in_simulated_mode_the_rehearsal_is_the_tool_turn_the_trajectory_continues(plain_dir):
-    from envace_mcp.eval import get_suite
-    from envace_mcp.eval.reference import reference_roles
+    from envace_mcp.envs import get_suite
+    from envace_mcp.envs.reference import reference_roles
     from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
     from envace_mcp.policy.forced import ForcedPolicy
     from envace_mcp.toolbox import Toolbox
@@ -173,7 +177,7 @@ def test_version_1_traces_read_as_simulator_prompts():
            "steps": [{"index": 0, "role": "rehearse", "time": 0.0, "text": "<execution_result>{}</execution_result>"},
                      {"index": 1, "role": "act", "time": 0.0}]}
     trace = read_trace(old)
-    assert trace.schema_version == SCHEMA_VERSION == 2 and trace.rehearse_format == "simulator"
+    assert trace.schema_version == SCHEMA_VERSION == 3 and trace.rehearse_format == "simulator"
     assert [s.format for s in trace.steps] == ["simulator", None]
     with pytest.raises(ValueError, match="newer"):
-        read_trace({**old, "schema_version": 3})
+        read_trace({**old, "schema_version": SCHEMA_VERSION + 1})
