@@ -114,6 +114,7 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
         with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
             try:
                 policy = load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
+                                     batch_invariant=settings.batch_invariant,
                                      constrain_calls=settings.constrain_calls)
             except EnvaceError as exc:
                 _fail(exc)

@@ -43,6 +43,7 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     if packed is not None:
         return packed.attend(module, query, key, value, dropout, scaling, **kwargs), None
     prefix: SharedPrefixes | None = kwargs.pop(PREFIX_KW, None)
+    alone: RowColumns | None = kwargs.pop(ROWS_KW, None)
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     if (q_len != 1 or query.device.type != "cpu" or dropout or heads % kv_heads
@@ -54,11 +55,19 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, KV, H/KV, D): one block per KV head
+    if alone is not None and alone.every:  # every row attends alone: no batched call to overwrite
+        return alone.attend(grouped, key, value, scaling, grouped.new_zeros(grouped.shape)).reshape(
+            batch, 1, heads, dim), None
     if prefix and _FLASH is not None:
-        return prefix.attend(module.layer_idx, grouped, key, value, attention_mask, scaling), None
+        out = prefix.attend(module.layer_idx, grouped, key, value, attention_mask, scaling)
+        if alone is not None:
+            out = alone.attend(grouped, key, value, scaling, out.reshape(grouped.shape)).reshape(out.shape)
+        return out, None
     if prefix:  # pragma: no cover - a PyTorch without the CPU flash kernel
         key, value, attention_mask = prefix.prepend(module.layer_idx, key, value, attention_mask)
     out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    if alone is not None:
+        out = alone.attend(grouped, key, value, scaling, out)
     return out.reshape(batch, 1, heads, dim), None                    # heads in repeat_kv's order
 
 
@@ -69,8 +78,32 @@ the attention function)."""
 PACKED_KW = "envace_packed"
 """Keyword a packed training forward passes its `PackedRows` under."""
 
+ROWS_KW = "envace_alone"
+"""Keyword a decode step passes its `RowColumns` under (the rows that attend alone)."""
+
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 """PyTorch's CPU flash-attention kernel, which also returns the log-sum-exp a split softmax needs."""
+
+
+class RowColumns:
+    """Rows of a decode step that attend alone (batch-invariant rows, see `invariant`): each over its own
+    columns of the step's keys/values only — a slice where they are contiguous, else their indices — in
+    a call of its own, so its sums run in the same order whatever rows, padding or gaps surround it.
+    `every`: no other row needs the batched call (rows past the listed ones are filler, left 0)."""
+
+    def __init__(self, rows: list[int], columns: list[slice | torch.Tensor], every: bool) -> None:
+        self.rows, self.columns, self.every = rows, columns, every
+
+    def attend(self, grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None,
+               out: torch.Tensor) -> torch.Tensor:
+        """grouped (B, KV, G, D) queries, key/value (B, KV, L, D); writes the listed rows of out (B, KV, G, D)."""
+        for row, columns in zip(self.rows, self.columns):
+            if isinstance(columns, slice):
+                k, v = key[row : row + 1, :, columns], value[row : row + 1, :, columns]  # (1, KV, n, D) views
+            else:
+                k, v = key[row : row + 1].index_select(2, columns), value[row : row + 1].index_select(2, columns)
+            out[row : row + 1] = F.scaled_dot_product_attention(grouped[row : row + 1], k, v, scale=scale)
+        return out
 
 
 class SharedPrefixes:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from envace_mcp.engine.attention import PREFIX_KW, SharedPrefixes
+from envace_mcp.engine.attention import PREFIX_KW, ROWS_KW, RowColumns, SharedPrefixes
 from envace_mcp.engine.prefix_cache import common_prefix
 
 
@@ -30,6 +30,11 @@ class DecodeBatch:
     most of each prompt). A row joins the group it shares most with; sharing less than the group's
     prefix shortens it (the tail is copied into the group's rows' columns first); sharing too little
     starts a new group, or none.
+
+    Batch-invariant rows (`place(..., alone=True)`: greedy ones, see `invariant`) join no group and
+    attend alone over their own columns (`RowColumns`); while one is in the batch, every step is padded
+    with filler rows to a multiple of `row_tile` rows, so each row's linear layers see the same kernel
+    whatever the number of rows.
     """
 
     compact_from = 256
@@ -40,7 +45,7 @@ class DecodeBatch:
     """More groups than this and a prompt joins the group it shares most with (if >= `min_shared`)."""
 
     def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
-                 shared_prefix: bool = False, budget_bytes: float | None = None) -> None:
+                 shared_prefix: bool = False, budget_bytes: float | None = None, row_tile: int = 1) -> None:
         from transformers import DynamicCache
 
         self.model, self.cache_kw, self.device, self.max_rows = model, cache_kw, device, max_rows
@@ -60,14 +65,18 @@ class DecodeBatch:
         self.shared_prefix = shared_prefix and joinable and max_rows > 1  # one row: nothing to share with
         self.groups: list[PrefixGroup] = []
         self.row_groups: list[PrefixGroup | None] = []  # each row's group (None: its columns hold its whole prompt)
+        self.alone: list[bool] = []  # each row: batch-invariant (attends alone, `RowColumns`)
+        self.row_tile = row_tile  # `invariant.row_tile`: steps with an `alone` row are padded to a multiple
 
     # -- membership
 
-    def make_room(self, prompts: list[list[int]], new_tokens: list[int], remaining: list[int]) -> list[PrefixGroup | None]:
+    def make_room(self, prompts: list[list[int]], new_tokens: list[int], remaining: list[int],
+                  alone: list[bool] | None = None) -> list[PrefixGroup | None]:
         """Get ready for rows with `prompts` (`place` adds them one by one, so the prefilled keys/values
         of a whole group of arrivals never sit in memory next to the batch at once); returns the prefix
-        group of each, for `place`."""
-        plans = [self._group_for(ids) for ids in prompts] if self.shared_prefix else [None] * len(prompts)
+        group of each, for `place` (none for a row that will be `alone`)."""
+        alone = alone or [False] * len(prompts)
+        plans = [None if solo or not self.shared_prefix else self._group_for(ids) for ids, solo in zip(prompts, alone)]
         lengths = [len(ids) - (len(group.ids) if group else 0) for ids, group in zip(prompts, plans)]
         seen = max([self.seen, *lengths])
         self.wanted = (self.rows + len(lengths), seen + max([*new_tokens, *remaining]))
@@ -86,30 +95,32 @@ class DecodeBatch:
     def prefix_slots(self) -> int:
         return sum(len(group.ids) for group in self.groups)
 
-    def slots_with(self, prompt: list[int], new_tokens: int, remaining: list[int], *, trimmed: bool = False) -> int:
+    def slots_with(self, prompt: list[int], new_tokens: int, remaining: list[int], *, trimmed: bool = False,
+                   alone: bool = False) -> int:
         """What `slots` would be, about, with one more row for `prompt` (without changing the batch):
         the buffers as they are if the row fits in them, else the rows then in use times the columns
         they span; plus the shared prefixes. `trimmed`: as if `trim` had dropped the rows no one uses."""
         # as `_group_for` decides, without changing anything: a new group holds its prefix once, and a group
         # the prompt shares less with gives up tokens of its prefix to its rows' columns
-        best, share = self._best_group(prompt) if self.shared_prefix else (None, 0)
+        best, share = self._best_group(prompt) if self.shared_prefix and not alone else (None, 0)
         tail, prefix, seen = len(prompt) - share, share if best is None else 0, self.seen
         if best is not None and share < len(best.ids):  # joining shortens the group (`_shorten`)
             cut = len(best.ids) - share  # prefix tokens that move into its rows' columns
             prefix = -cut
             seen += self._shortening_shift(best, cut)
-        rows, columns = self.rows + 1, max(seen, tail) + max([new_tokens, *remaining])
+        rows = self._padded(self.rows + 1, alone or any(self.alone))
+        columns = max(seen, tail) + max([new_tokens, *remaining])
         have_rows, have_cols = self.mask.shape
         have_rows = min(have_rows, self.rows) if trimmed else have_rows
         held = have_rows * have_cols if rows <= have_rows and columns <= have_cols else rows * columns  # or regrown
         return held + self.prefix_slots() + prefix
 
-    def fits(self, prompt: list[int], new_tokens: int, remaining: list[int]) -> bool:
+    def fits(self, prompt: list[int], new_tokens: int, remaining: list[int], alone: bool = False) -> bool:
         """Whether one more row for `prompt` keeps the batch within its budget (`slots_with`), after
         dropping buffer rows no one uses if that makes the difference."""
-        if self.budget is None or self.slots_with(prompt, new_tokens, remaining) <= self.budget:
+        if self.budget is None or self.slots_with(prompt, new_tokens, remaining, alone=alone) <= self.budget:
             return True
-        if self.slots_with(prompt, new_tokens, remaining, trimmed=True) > self.budget:
+        if self.slots_with(prompt, new_tokens, remaining, trimmed=True, alone=alone) > self.budget:
             return False  # it waits (no copy for nothing)
         self.trim()
         return True
@@ -119,9 +130,11 @@ class DecodeBatch:
         if group is not None and not group.layers and all(g is not group for g in self.row_groups):
             self.groups.remove(group)
 
-    def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], group: PrefixGroup | None = None) -> None:
+    def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], group: PrefixGroup | None = None,
+              alone: bool = False) -> None:
         """Add one prefilled row (per-layer (1, kv heads, n, head dim)) right-aligned before `seen`; with
-        its prefix `group` (from `make_room`) only the tokens after the group's prefix go in."""
+        its prefix `group` (from `make_room`) only the tokens after the group's prefix go in; `alone`:
+        a batch-invariant row (see the class docstring)."""
         if group is not None:
             shared = len(group.ids)
             if not group.layers:  # copied: the row's own tensors hold its whole prompt
@@ -136,6 +149,7 @@ class DecodeBatch:
             self.values[layer][slot, :, seen - n:seen] = values[0]
         self.starts.append(seen - n)
         self.row_groups.append(group)
+        self.alone.append(alone)
         self.rows += 1
         self._bind()
 
@@ -150,8 +164,10 @@ class DecodeBatch:
                 self.starts[slot] = self.starts[last]
             gone = self.row_groups[slot]
             self.row_groups[slot] = self.row_groups[last]
+            self.alone[slot] = self.alone[last]
             self.starts.pop()
             self.row_groups.pop()
+            self.alone.pop()
             if gone is not None and all(group is not gone for group in self.row_groups):
                 self.groups.remove(gone)
             self.rows = last
@@ -170,21 +186,52 @@ class DecodeBatch:
             self._shorten(group, 0)
             self.groups.remove(group)
             self.row_groups[0] = None
-        if self.joinable and self.seen + 1 > self.mask.shape[1]:
-            self._reserve(self.rows, self.seen + 1)
+        rows = self.rows
+        padded = self._padded(rows, self.joinable and any(self.alone))
+        if self.joinable and (self.seen + 1 > self.mask.shape[1] or padded > self.mask.shape[0]):
+            self._reserve(padded, self.seen + 1)
             self._bind()
         if self.mask.shape[1] <= self.seen:  # plain library cache: the mask grows with it
             self.mask = torch.cat([self.mask, self.mask.new_zeros(self.mask.shape[0], 1)], dim=1)
-        self.mask[: self.rows, self.seen] = 1
+        self.mask[:rows, self.seen] = 1
+        extra = {}
+        if self.groups:
+            extra[PREFIX_KW] = self._prefixes()
+        if padded > rows:  # filler rows (slots no live row uses) attend to their one new column; dropped below
+            self.mask[rows:padded] = 0
+            self.mask[rows:padded, self.seen] = 1
+            tokens, positions = [*tokens, *[0] * (padded - rows)], [*positions, *[0] * (padded - rows)]
+            self._bind(padded)
+        if any(self.alone):
+            extra[ROWS_KW] = self._alone_columns(padded)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)[:, None]
-        shared = {PREFIX_KW: self._prefixes()} if self.groups else {}
-        out = self.model(input_ids=ids, attention_mask=self.mask[: self.rows, : self.seen + 1], position_ids=pos,
-                         use_cache=True, **{self.cache_kw: self.cache}, **shared)
+        try:
+            out = self.model(input_ids=ids, attention_mask=self.mask[:padded, : self.seen + 1], position_ids=pos,
+                             use_cache=True, **{self.cache_kw: self.cache}, **extra)
+        finally:
+            if padded > rows:
+                self.mask[rows:padded] = 0
         self.seen += 1
         if self.joinable:
             self._bind()
-        return out.logits[:, -1, :].float()
+        return out.logits[:rows, -1, :].float()
+
+    def _padded(self, rows: int, alone: bool) -> int:
+        """Rows a step runs: `rows`, rounded up to a multiple of `row_tile` while a row is batch-invariant."""
+        return -(-rows // self.row_tile) * self.row_tile if alone else rows
+
+    def _alone_columns(self, padded: int) -> RowColumns:
+        """The batch-invariant rows of this step and each one's columns (of the step's `seen + 1`)."""
+        rows, columns = [], []
+        for slot in range(self.rows):
+            if not self.alone[slot]:
+                continue
+            own = torch.nonzero(self.mask[slot, : self.seen + 1]).squeeze(1)
+            first, last = int(own[0]), int(own[-1])
+            rows.append(slot)
+            columns.append(slice(first, last + 1) if last - first + 1 == own.numel() else own)
+        return RowColumns(rows, columns, every=len(rows) == self.rows and not self.groups)
 
     # -- storage
 
@@ -299,7 +346,7 @@ class DecodeBatch:
     def _compact(self) -> None:
         """Drop leading columns no live row uses once they are most of the buffer (keeps steps cheap)."""
         if not self.rows:  # drained: let the buffers go (the next row sizes new ones to what it needs)
-            self.seen, self.starts, self.groups, self.row_groups = 0, [], [], []
+            self.seen, self.starts, self.groups, self.row_groups, self.alone = 0, [], [], [], []
             self._unbind()
             self.keys, self.values = [], []
             self.mask = self.mask.new_zeros((0, 0))
@@ -328,14 +375,14 @@ class DecodeBatch:
             if hasattr(layer, "bind"):
                 layer.keys = layer.values = layer.key_buf = layer.value_buf = None
 
-    def _bind(self) -> None:
-        """Point the cache's layers at the live rows' columns."""
+    def _bind(self, rows: int | None = None) -> None:
+        """Point the cache's layers at the live rows' columns (`rows`: and filler rows after them)."""
         layer_type = preallocated_layer()
         for index, (keys, values) in enumerate(zip(self.keys, self.values)):
             layer = self.cache.layers[index]
             if not isinstance(layer, layer_type):
                 layer = self.cache.layers[index] = layer_type()
-            layer.bind(keys, values, self.rows, self.seen)
+            layer.bind(keys, values, self.rows if rows is None else rows, self.seen)
 
     def start_alone(self, cache: Any, length: int) -> None:
         """One row with the library's own cache object (models whose layers are not all plain)."""

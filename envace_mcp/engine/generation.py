@@ -9,8 +9,11 @@ renders and encodes; see `envace_mcp.policy.transformers`).
   (temperature 0) records log_softmax(logits).
 - Concurrent requests share one decode batch (`submit`, continuous batching): a request that arrives
   while others decode joins at the next token step, and each result is returned when its row
-  finishes. Each row samples with its own seeded generator, so results do not depend on which
-  requests shared a batch.
+  finishes. Each row samples with its own seeded generator. A greedy row (temperature 0) is
+  batch-invariant (`batch_invariant`, see `invariant`): its logits are the same bit for bit whatever
+  else the batch holds and whatever the prefix cache held, so a greedy evaluation repeats exactly on
+  one machine with one dtype. A sampled row's logits may differ in their last bits with its company;
+  the exponential race it samples with is not moved by that (`sampling`).
 - Each prompt is prefilled alone, reusing the longest prefix the `PrefixCache` holds; the decode batch
   (`DecodeBatch`) holds prompt prefixes its rows share once and stays within a key/value memory budget.
 - Under one plain LoRA adapter on CPU, generation runs on merged copies of the adapted weights
@@ -20,6 +23,7 @@ renders and encodes; see `envace_mcp.policy.transformers`).
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ import torch
 from envace_mcp.engine.attention import base_model, use_for_decoding
 from envace_mcp.engine.batch import DecodeBatch, plain_layers
 from envace_mcp.engine.batcher import Batcher, ListFeed
+from envace_mcp.engine.invariant import PREFILL_CHUNK, row_tile
 from envace_mcp.engine.lora import merged_lora
 from envace_mcp.engine.model import cache_keyword, dense_head_input, weights_key
 from envace_mcp.engine.prefix_cache import PrefixCache, cache_layers
@@ -74,14 +79,19 @@ class Engine:
         self.merge_lora = True
         """CPU generation under one plain LoRA adapter runs on merged copies of the adapted weights
         (see `merged_lora`); False keeps peft's separate adapter path (for comparisons)."""
+        self.batch_invariant = False
+        """True: greedy rows decode batch-invariantly and their prompts are prefilled in fixed chunks
+        (`invariant`), so a greedy run gives the same tokens whatever shares its batch, at ~0.63x greedy
+        decode throughput (docs/benchmarks.md); `envace eval` turns it on. False: greedy rows are batched
+        like the others."""
         dense_head_input(model)
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         if kv_budget_gb == "auto":
             kv_budget_gb = 2.0 if next(model.parameters()).device.type == "cpu" else None
         self.kv_budget_gb: float | None = kv_budget_gb
-        """See the class docstring. Long multi-turn runs (the shipped bank adapter: up to 12 calls, ~5k-token
-        contexts) made 16 rows of fp32 keys/values (46 KB a token for the embedded model) the largest
-        cost of a GRPO step."""
+        """See the class docstring. In long multi-turn runs (up to 12 calls, ~5k-token contexts), 16 rows
+        of fp32 keys/values (46 KB a token for the embedded model) are the largest memory cost of a GRPO
+        step."""
         self.stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
                                         "decode_steps": 0, "decode_rows": 0, "kv_waits": 0, "grouped_rows": 0,
                                         "abandoned": 0}
@@ -91,6 +101,9 @@ class Engine:
         shared prompt prefix held once, see `DecodeBatch`), rows dropped because their caller gave up."""
         self.kv_peak_slots = 0
         """The most key/value slots a decode batch held (`DecodeBatch.slots`), for benchmarks and tests."""
+        self.max_rows = max(max_batch_size, 32)
+        """The most rows `generate` decodes together (`submit`: `max_batch_size`); the row tile of batch-invariant
+        steps holds up to this many (`invariant.row_tile`)."""
         self.batcher: Batcher[Job, Completion] = Batcher(self.stream, max_batch=max_batch_size, window_s=batch_window_s)
 
     async def submit(self, job: Job) -> Completion:
@@ -100,7 +113,7 @@ class Engine:
     def generate(self, jobs: list[Job]) -> list[Completion]:
         """Generate every job (synchronous; rows join and leave one decode batch as in `stream`)."""
         feed: ListFeed[Job, Completion] = ListFeed(jobs)
-        self.stream(feed, max(len(jobs), 1))
+        self.stream(feed, max(min(len(jobs), self.max_rows), 1))
         return feed.results()
 
     def weights_changed(self) -> None:
@@ -130,9 +143,14 @@ class Engine:
         # Each prompt is prefilled alone (no padding waste, shared prefixes from the prefix cache),
         # then decoded with the other rows over one cache: one forward pass per token for all rows.
         device = next(self.model.parameters()).device
+        tile = self.row_tile if self.batch_invariant else 1
         batch = DecodeBatch(self.model, self.cache_kw, device, max_rows, joinable=self.plain_cache,
                              shared_prefix=self.decode_attention and self.share_prefix,
-                             budget_bytes=None if self.kv_budget_gb is None else self.kv_budget_gb * 2**30)
+                             budget_bytes=None if self.kv_budget_gb is None else self.kv_budget_gb * 2**30,
+                             row_tile=tile or 1)
+        # without the packed decode attention, or a row tile, a greedy row cannot attend alone in a batch:
+        # it decodes with no other row beside it (`solo`)
+        solo = self.batch_invariant and (tile is None or not self.decode_attention)
         if not batch.joinable:  # sliding-window layers keep per-layer lengths: one row at a time, its own cache
             max_rows = 1
         rows: list[_Row] = []
@@ -149,8 +167,11 @@ class Engine:
                 if not feed.wanted(ticket):  # its caller gave up while it waited for room
                     waiting.popleft()
                     continue
+                alone = self.batch_invariant and job.sampling.temperature == 0
+                if solo and rows and (alone or any(row.alone for row in rows)):
+                    break  # a greedy row decodes by itself here: it waits for the batch to drain, others for it
                 remaining = [row.remaining() for row in rows]
-                if rows and not batch.fits(job.prompt_ids, job.sampling.max_new_tokens, remaining):
+                if rows and not batch.fits(job.prompt_ids, job.sampling.max_new_tokens, remaining, alone):
                     if ticket != blocked:
                         blocked = ticket
                         self.stats["kv_waits"] += 1
@@ -158,16 +179,17 @@ class Engine:
                 waiting.popleft()
                 admitted += 1
                 # room first, then the prompt's keys/values go straight in (no prefilled copy next to a regrown batch)
-                group = batch.make_room([job.prompt_ids], [job.sampling.max_new_tokens], remaining)[0] if batch.joinable else None
+                group = (batch.make_room([job.prompt_ids], [job.sampling.max_new_tokens], remaining, [alone])[0]
+                         if batch.joinable else None)
                 try:
-                    kv, logits, cache = self.prefill(job.prompt_ids, device)
+                    kv, logits, cache = self.prefill(job.prompt_ids, device, canonical=alone)
                 except Exception as exc:  # this job fails; the others go on
                     batch.forget(group)
                     feed.fail(ticket, exc)
                     continue
-                rows.append(_Row(job, ticket, numpy.random.default_rng(job.seed), logits))
+                rows.append(_Row(job, ticket, numpy.random.default_rng(job.seed), logits, alone))
                 if batch.joinable:
-                    batch.place(kv, group)
+                    batch.place(kv, group, alone and not solo)
                     self.stats["grouped_rows"] += group is not None
                 else:
                     batch.start_alone(cache, len(job.prompt_ids))
@@ -211,31 +233,46 @@ class Engine:
                     row.logits = row_logits
             self.stats["decode_s"] += time.perf_counter() - decode_started
 
+    @functools.cached_property
+    def row_tile(self) -> int | None:
+        """`invariant.row_tile` of this model for up to `max_rows` rows: one per engine, whatever a call's
+        batch size, so a row's numbers never depend on how many jobs came with it."""
+        return row_tile(self.model, self.max_rows)
+
     def _result(self, row: _Row) -> Completion:
         return Completion(text=self.decode(row.tokens), prompt_ids=row.job.prompt_ids, completion_ids=row.tokens,
                           logprobs=row.logprobs, finish_reason=row.finish or "length")  # type: ignore[arg-type]
 
-    def prefill(self, prompt_ids: list[int], device: torch.device) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, Any]:
-        """Per-layer (keys, values) of one prompt, the logits after its last token, and the cache."""
+    def prefill(self, prompt_ids: list[int], device: torch.device, *, canonical: bool = False,
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, Any]:
+        """Per-layer (keys, values) of one prompt, the logits after its last token, and the cache.
+        `canonical` (a batch-invariant row's prompt): prefilled in `PREFILL_CHUNK`-token chunks at fixed
+        positions, reusing only whole chunks that were prefilled so (`invariant`)."""
         from transformers import DynamicCache
 
         if not prompt_ids:
             raise UserError("cannot generate from an empty prompt")
         cache = DynamicCache(config=self.model.config)
         plain = self.plain_cache  # (a sliding-window layer keeps only its window: no prefix to reuse)
-        reused, kv, source = self.prefix_cache.lookup(prompt_ids) if plain else (0, [], None)
+        reused, kv, source = self.prefix_cache.lookup(prompt_ids, canonical=canonical) if plain else (0, [], None)
+        chunk = PREFILL_CHUNK if canonical else len(prompt_ids)
+        if canonical:  # whole chunks only: a token's keys/values then never depend on the prompt that made them
+            reused -= reused % chunk
         for layer, (keys, values) in enumerate(kv):
             cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
         del kv  # the cache holds them now; each layer's goes once the forward extends it
-        rest = torch.tensor([prompt_ids[reused:]], dtype=torch.long, device=device)
-        positions = torch.arange(reused, len(prompt_ids), device=device)[None, :]
-        # logits of the last position only: the LM head over every prompt position would cost ~20 % of
-        # the prefill's compute and a (prompt length x vocabulary) tensor (334 MB for 1,700 tokens, fp32)
-        out = self.model(input_ids=rest, position_ids=positions, use_cache=True, logits_to_keep=1,
-                         **{self.cache_kw: cache})
+        for start in range(reused, len(prompt_ids), chunk):
+            end = min(start - start % chunk + chunk, len(prompt_ids))  # chunks at fixed positions
+            rest = torch.tensor([prompt_ids[start:end]], dtype=torch.long, device=device)
+            positions = torch.arange(start, end, device=device)[None, :]
+            # logits of the last position only: the LM head over every prompt position would cost ~20 % of
+            # the prefill's compute and a (prompt length x vocabulary) tensor (334 MB for 1,700 tokens, fp32)
+            out = self.model(input_ids=rest, position_ids=positions, use_cache=True, logits_to_keep=1,
+                             **{self.cache_kw: cache})
         layers = cache_layers(cache)
-        if plain:
-            self.prefix_cache.store(prompt_ids, layers, reused, source)
+        if plain:  # what a batch-invariant prompt may reuse of it: its whole chunks, or the canonical part it reused
+            kept = len(prompt_ids) if canonical else min(reused, source.canonical if source is not None else 0)
+            self.prefix_cache.store(prompt_ids, layers, reused, source, canonical=kept - kept % PREFILL_CHUNK)
         self.stats["prompt_tokens"] += len(prompt_ids)
         self.stats["reused_tokens"] += reused
         return layers, out.logits[0, -1, :].float(), cache
@@ -273,6 +310,8 @@ class _Row:
     ticket: Any
     generator: numpy.random.Generator
     logits: torch.Tensor
+    alone: bool = False
+    """Batch-invariant (greedy, `Engine.batch_invariant`)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None

@@ -17,6 +17,9 @@ class PrefixCache:
     runs over one ~1,500-token system prompt hold it once, not sixteen times. Bounded by the tokens
     actually held (LRU). Entries belong to one state of the weights (`for_weights`): after a training
     step they would be another policy's keys/values, so they are dropped.
+
+    Each entry also says how many of its first tokens were prefilled in whole fixed-position chunks
+    (`Entry.canonical`, see `invariant`): a batch-invariant prompt reuses only those.
     """
 
     def __init__(self, max_tokens: int) -> None:
@@ -34,12 +37,14 @@ class PrefixCache:
         """Drop every entry (their keys/values are freed once no decode batch holds them)."""
         self.entries = []
 
-    def lookup(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]], Entry | None]:
+    def lookup(self, ids: list[int], *, canonical: bool = False,
+               ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]], Entry | None]:
         """Length of the longest stored prefix of `ids` (leaving at least one token to run), its
-        per-layer keys/values (1, kv heads, length, head dim) and the entry it came from."""
+        per-layer keys/values (1, kv heads, length, head dim) and the entry it came from; `canonical`:
+        of the entries' chunk-prefilled tokens only."""
         best, hit = 0, None
         for entry in self.entries:
-            n = common_prefix(entry.ids, ids, limit=len(ids) - 1)
+            n = common_prefix(entry.ids, ids, limit=min(len(ids) - 1, entry.canonical) if canonical else len(ids) - 1)
             if n > best:
                 best, hit = n, entry
         if hit is None:
@@ -49,8 +54,9 @@ class PrefixCache:
         return best, hit.keys_values(best), hit
 
     def store(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]], reused: int = 0,
-              source: Entry | None = None) -> None:
-        """Remember `ids` with their keys/values `kv`; the first `reused` tokens came from `source`."""
+              source: Entry | None = None, canonical: int = 0) -> None:
+        """Remember `ids` with their keys/values `kv`; the first `reused` tokens came from `source`, the
+        first `canonical` were prefilled in whole fixed-position chunks."""
         if self.max_tokens <= 0 or len(ids) > self.max_tokens:
             return
         self.entries = [e for e in self.entries if e.ids != ids]
@@ -59,7 +65,7 @@ class PrefixCache:
         pieces = source.pieces_upto(reused) if source is not None and reused else []
         start = reused if pieces else 0
         own = [(k[:, :, start:].clone(), v[:, :, start:].clone()) for k, v in kv] if start else kv  # a copy frees the rest
-        self.entries.append(Entry(list(ids), [*pieces, (own, start, len(ids))]))
+        self.entries.append(Entry(list(ids), [*pieces, (own, start, len(ids))], canonical))
         while self.held_tokens() > self.max_tokens and len(self.entries) > 1:
             self.entries.pop(0)
 
@@ -91,6 +97,8 @@ class Entry:
     ids: list[int]
     pieces: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int]]
     """(per-layer keys/values of tokens [start, end), start, end), covering [0, len(ids)) in order."""
+    canonical: int = 0
+    """Its first tokens whose keys/values came from whole fixed-position prefill chunks (`invariant`)."""
 
     def pieces_upto(self, n: int) -> list[tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int]]:
         return [(kv, start, min(end, n)) for kv, start, end in self.pieces if start < n]

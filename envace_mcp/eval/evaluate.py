@@ -72,6 +72,11 @@ class EvalConfig(Settings):
     seed: int = 0
     constrain_calls: bool = False
     """Decode the act role's tool calls under the tools' schemas (`policy.constrained`)."""
+    batch_invariant: bool = True
+    """Greedy generations give the same tokens whatever shares their batch (`engine.invariant`), so the
+    same command gives the same per-task results on one machine; it costs ~0.63x greedy decode
+    throughput (docs/benchmarks.md). False: faster, and outcomes may move between runs (bf16 near-ties).
+    Our engine only; a vLLM server decides for itself."""
 
     NESTED: ClassVar[dict[str, type]] = {"gate": GateConfig}
     MOVED: ClassVar[dict[str, str]] = {key: f"it is limits.{key}" for key in RunLimits.model_fields}
@@ -230,7 +235,7 @@ def _load(settings: EvalConfig) -> Any:
     from envace_mcp.policy import load_policy
 
     return load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
-                       constrain_calls=settings.constrain_calls)
+                       constrain_calls=settings.constrain_calls, batch_invariant=settings.batch_invariant)
 
 
 def _shown(settings: EvalConfig) -> dict[str, Any]:

@@ -67,12 +67,14 @@ class TransformersPolicy(TokenPolicy):
         kv_budget_gb: float | Literal["auto"] | None = "auto",
         constrain_calls: bool = False,
         context_window: int | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         super().__init__(tokenizer, sampling=sampling, role_sampling=role_sampling, enable_thinking=enable_thinking,
                          tool_format=tool_format, rehearse_format=rehearse_format,
                          context_window=context_window or model_context(model))
         self.engine = Engine(model, tokenizer, max_batch_size=max_batch_size, batch_window_s=batch_window_s,
                              prefix_cache_tokens=prefix_cache_tokens, kv_budget_gb=kv_budget_gb)
+        self.engine.batch_invariant = batch_invariant  # greedy runs repeat exactly whatever shares the batch
         self.model = model
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self._rng = random.Random(seed)

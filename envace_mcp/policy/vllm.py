@@ -41,7 +41,8 @@ PREFIX = "vllm:"
 MODEL_ENV = "ENVACE_VLLM_MODEL"
 """The served model name, when the server serves several (default: the first `/v1/models` lists)."""
 
-_ENGINE_ONLY = ("dtype", "device", "max_batch_size", "batch_window_s", "prefix_cache_tokens", "kv_budget_gb", "seed")
+_ENGINE_ONLY = ("dtype", "device", "max_batch_size", "batch_window_s", "prefix_cache_tokens", "kv_budget_gb", "seed",
+                "batch_invariant")
 """`load_policy` keywords of our own engine, which a server has no use for."""
 
 
