@@ -14,10 +14,12 @@ from functools import cached_property
 from types import ModuleType
 from typing import Any, Literal, Protocol
 
+from envace_mcp._sync import run_sync
 from envace_mcp.envs.episode import Episode, EpisodeToolbox, TaskEpisode
 from envace_mcp.envs.launch import free_port, module_args, wait_for_port
 from envace_mcp.envs.task import Action, CheckResult, DomainError, Task, replay
 from envace_mcp.errors import UserError
+from envace_mcp.toolbox.validation import ArgumentValidator
 from envace_mcp.traces.schema import STOPPED, Trace
 
 
@@ -203,29 +205,22 @@ class Suite:
         return out
 
     @cached_property
-    def input_schemas(self) -> dict[str, dict[str, Any]]:
-        """Each tool's input schema as this suite's server declares it (what the toolbox validates calls
-        against before the server sees them)."""
-        import asyncio
-        from concurrent.futures import ThreadPoolExecutor
-
-        listed = self.build_server().list_tools  # async, and callers may be inside an event loop
-        with ThreadPoolExecutor(1) as pool:
-            tools = pool.submit(lambda: asyncio.run(listed())).result()
-        return {t.name: dict(t.input_schema or {}) for t in tools}
+    def input_validators(self) -> dict[str, ArgumentValidator]:
+        """Each tool's argument check, built once from the input schema this suite's server declares (what
+        the toolbox validates calls against before the server sees them)."""
+        tools = run_sync(self.build_server().list_tools())  # async, and callers may be inside an event loop
+        return {t.name: ArgumentValidator(dict(t.input_schema or {})) for t in tools}
 
     def server_arguments(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
         """`arguments` as the server's tool receives them: None where the toolbox refuses them against the
         tool's declared schema; otherwise without the ones the tool does not declare, which the server's
         argument model ignores (the call runs as if they were not there)."""
-        from envace_mcp.toolbox.validation import ArgumentValidator
-
-        schema = self.input_schemas.get(tool)
-        if schema is None:
+        validator = self.input_validators.get(tool)
+        if validator is None:
             return dict(arguments)
-        if ArgumentValidator(schema).errors(arguments):
+        if validator.errors(arguments):
             return None
-        declared = schema.get("properties") or {}
+        declared = validator.schema.get("properties") or {}
         return {k: v for k, v in arguments.items() if k in declared}
 
     def reference_result(self, task: Task, done: Sequence[Action], name: str, arguments: dict[str, Any]) -> Any:
