@@ -245,7 +245,7 @@ class DeployedContext(ServedContext):
     mode: Mode = _env_default("mode")
 
     def __post_init__(self) -> None:
-        deployment = Deployment.from_env()
+        self._deployment = deployment = Deployment.from_env()  # read once per context
         for name in _SERVICES:
             value = getattr(self, name)
             if isinstance(value, _JSON) and not (name == "tools" and all(not isinstance(v, _JSON) for v in value)):
@@ -261,7 +261,7 @@ class DeployedContext(ServedContext):
 
     def _build_gate(self) -> GateConfig:
         settings = gate_settings(self.gate or {}, "the context's gate")
-        deployment = Deployment.from_env()
+        deployment = self._deployment
         deployed = GateConfig(**{**self._recommended("ENVACE_GATE, then the run's context, override"),
                                  **deployment.gate})
         limits = build(RunLimits, deployment.limits, where="ENVACE_LIMITS")
@@ -272,7 +272,7 @@ class DeployedContext(ServedContext):
         return deployed.model_copy(update=settings)
 
     def _build_limits(self) -> RunLimits:
-        deployment = Deployment.from_env()
+        deployment = self._deployment
         deployed = build(RunLimits, deployment.limits, where="ENVACE_LIMITS")
         settings = limits_settings(self.limits or {}, "the context's limits")
         why = None if "limits" in deployment.allow else limits_loosened(deployed, settings)
