@@ -135,6 +135,28 @@ class ToolSpec:
             validator=ArgumentValidator(schema),
         )
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolSpec:
+        """An entry from `to_dict`'s JSON (a trace's `tools`, a saved catalog), or from an MCP `Tool` as
+        `tools/list` returns it (`inputSchema`, `outputSchema`, `annotations` hints). Annotations are
+        read as hints are (contradictions resolve to the unsafe reading); a bad entry is a ValueError."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+            raise ValueError("a tool needs a name")
+        hints = data.get("annotations") if isinstance(data.get("annotations"), dict) else {}
+        hints = {"read_only_hint": hints.get("read_only", hints.get("readOnlyHint")),
+                 "destructive_hint": hints.get("destructive", hints.get("destructiveHint")),
+                 "idempotent_hint": hints.get("idempotent", hints.get("idempotentHint")),
+                 "open_world_hint": hints.get("open_world", hints.get("openWorldHint"))}
+        schema = data.get("input_schema", data.get("inputSchema"))
+        output = data.get("output_schema", data.get("outputSchema"))
+        for what, value in (("input schema", schema), ("output schema", output)):
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"tool {data['name']!r}: its {what} is not an object")
+        description = data.get("description")
+        return cls.create(remote_name=str(data.get("remote_name") or data["name"]), server=str(data.get("server") or ""),
+                          description=description if isinstance(description, str) else None, input_schema=schema,
+                          output_schema=output, annotations=ToolAnnotations.from_hints(hints), name=data["name"])
+
     def renamed(self, name: str) -> ToolSpec:
         return replace(self, name=name)
 

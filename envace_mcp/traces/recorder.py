@@ -36,6 +36,9 @@ class TraceRecorder:
                 settings = getattr(context, name, None)
                 if hasattr(settings, "model_dump"):
                     defaults[name] = settings.model_dump(mode="json")
+            tools = getattr(context, "tools", None) or getattr(getattr(context, "toolbox", None), "catalog", None)
+            if tools:  # the catalog the run saw: a world model can be fitted from the run alone
+                defaults["tools"] = [spec.to_dict() for spec in tools if hasattr(spec, "to_dict")] or None
             sampling = getattr(context, "sampling", None) or {}
             defaults["sampling"] = {role: s.model_dump(mode="json") for role, s in sampling.items()}
             policy = getattr(context, "policy", None)

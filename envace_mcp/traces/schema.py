@@ -124,6 +124,9 @@ class Trace(BaseModel):
     rehearse_format: RehearseFormat = "simulator"
     """The rehearse role's prompt format in this run (what an adapter trained on it learns)."""
     task: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    """The tool catalog the run saw (`ToolSpec.to_dict` per tool: schemas and annotations), so a world model
+    can be fitted from the run without its servers (`envace world-model fit`); None: not recorded."""
     started_at: float
     ended_at: float | None = None
     final_answer: str | None = None
