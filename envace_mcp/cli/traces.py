@@ -1,4 +1,4 @@
-"""`envace traces ls|show|stats`."""
+"""`envace traces ls|show|stats|import`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import anyio
 import typer
 from rich.table import Table
 from rich.text import Text
@@ -14,12 +15,14 @@ from envace_mcp._terminal import call_display, safe
 from envace_mcp.cli._common import (
     TracesDir,
     _fail,
+    _holding,
     _report_problems,
+    _servers_file,
     _store,
     console,
     traces_app,
 )
-from envace_mcp.errors import EnvaceError
+from envace_mcp.errors import EnvaceError, UserError
 
 
 @traces_app.command("ls")
@@ -144,3 +147,65 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
     table.add_row("real calls avoided by the gate", str(avoided))
     console.print(table)
     _report_problems(store)
+
+
+@traces_app.command("import")
+def traces_import(
+    log: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL tool-call log, one episode a line")],
+    out: Annotated[Path, typer.Option(file_okay=False, help="trace folder to write (runs are appended)")],
+    servers: Annotated[Optional[Path], typer.Option(
+        "--servers", "-s", exists=True, dir_okay=False, callback=_servers_file,
+        help="mcpServers JSON file of the servers the log's tools are on (their catalog; --mutate replays on them)")] = None,
+    catalog: Annotated[Optional[Path], typer.Option(
+        exists=True, dir_okay=False, help="a saved catalog instead of live servers (`envace servers ls --json`, or "
+                                          "tools/list's tools)")] = None,
+    mutate: Annotated[int, typer.Option(
+        min=0, metavar="N", help="per episode, up to N calls replayed with one argument changed against servers marked "
+                                 "\"sandbox\": true")] = 0,
+    seed: Annotated[int, typer.Option(help="with --mutate: which calls and changes are drawn")] = 0,
+) -> None:
+    """Your agents' tool-call logs as traces: every real call a world-model example (docs/traces.md)."""
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.traces.importing import load_catalog, mutate_calls, read_log
+
+    if (servers is None) == (catalog is None):
+        _fail(UserError("give the tools' catalog one way: --servers CONFIG.json (live servers) or --catalog FILE "
+                        "(a saved one)"))
+    if mutate and servers is None:
+        _fail(UserError("--mutate replays calls against live servers: it needs --servers (entries marked "
+                        "\"sandbox\": true), not --catalog"))
+    try:
+        specs = load_catalog(catalog) if catalog is not None else None
+    except EnvaceError as exc:
+        _fail(exc)
+    store = TraceStore(out)
+
+    async def from_servers() -> tuple[Any, Any]:
+        from envace_mcp.toolbox import Toolbox
+
+        async with Toolbox(servers) as toolbox:  # type: ignore[arg-type]
+            for problem in toolbox.problems:
+                console.print(Text.assemble(("warning: ", "yellow"), safe(problem, newlines=True)))
+            traces, summary = read_log(log, toolbox.catalog)
+            for trace in traces:
+                store.append(trace)
+            if not mutate:
+                return summary, None
+            variants, changed = await mutate_calls(traces, toolbox, per_episode=mutate, seed=seed)
+            for variant in variants:
+                store.append(variant)
+            return summary, changed
+
+    with _holding(out):
+        try:
+            if specs is not None:
+                traces, summary = read_log(log, specs)
+                for trace in traces:
+                    store.append(trace)
+                changed = None
+            else:
+                summary, changed = anyio.run(from_servers)
+        except EnvaceError as exc:
+            _fail(exc)
+    for line in [*summary.report(), *(changed.report() if changed is not None else []), f"wrote to {out}"]:
+        console.print(safe(line), soft_wrap=True)  # one line each, however long: the terminal folds it

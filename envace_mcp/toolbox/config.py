@@ -9,7 +9,8 @@ Extra keys are ours and optional: `timeout` (seconds per call), `startup_timeout
 and list tools), `required` (fail the toolbox if this server cannot start), `include_tools` /
 `exclude_tools` (allow and deny lists, enforced before any call), `disabled` (skip the entry, as
 several hosts do), `trust_annotations` and `read_only_tools` (whether the server's read-only /
-destructive hints are believed, and which of its tools you declare read-only yourself).
+destructive hints are believed, and which of its tools you declare read-only yourself), `sandbox`
+(calls may be replayed against it with changed arguments: `envace traces import --mutate`).
 In tests, an in-process server object (`MCPServer` or a low-level `Server`) may stand in for an entry.
 """
 
@@ -48,6 +49,9 @@ class _ServerBase(BaseModel):
     read_only_tools: list[str] = Field(default_factory=list)
     """The server's own tool names that count as read-only whatever its hints say (your word, not the
     server's); a name the server does not offer is reported in `Toolbox.problems`."""
+    sandbox: bool = False
+    """Calls may be replayed with changed arguments against it (`envace traces import --mutate`): mark
+    only a copy whose state you can lose. Off by default: a replay re-runs logged calls, deletes included."""
 
     def allows(self, remote_name: str) -> bool:
         if remote_name in self.exclude_tools:

@@ -1,6 +1,7 @@
 """Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
 rewards), stored crash-safely, read back for inspection and training."""
 
+from envace_mcp.traces.importing import ImportSummary, MutationSummary, load_catalog, mutate_calls, read_log
 from envace_mcp.traces.recorder import RewardFunction, TraceRecorder, record_group, record_run, score
 from envace_mcp.traces.schema import SCHEMA_VERSION, Comparison, Reward, Step, Trace, read_trace
 from envace_mcp.traces.store import TraceStore, to_dataset
@@ -19,4 +20,10 @@ __all__ = [
     "score",
     "TraceStore",
     "to_dataset",
+    # your own agents' tool-call logs
+    "read_log",
+    "load_catalog",
+    "mutate_calls",
+    "ImportSummary",
+    "MutationSummary",
 ]

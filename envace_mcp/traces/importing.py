@@ -1,0 +1,465 @@
+"""Tool-call logs of your own agents as traces: every real call is a world-model example, the server's
+reply its label (`envace traces import`, docs/traces.md#import-your-tool-call-logs).
+
+The log is JSONL, one episode a line:
+
+    {"id": "ep-1", "task": "Delete my to-do about taxes", "calls": [
+        {"tool": "list_todos", "arguments": {}, "result": {"todos": [{"id": "t1", "title": "File my taxes"}]}},
+        {"tool": "delete_todo", "arguments": {"id": "t9"}, "error": "no to-do with id 't9'"}]}
+
+`id` is optional (default `<file stem>:<line>`), `task` too (`user` is read as its alias). A call has a
+`tool`, its `arguments` (an object, or a JSON string of one as OpenAI tool calls carry them; absent: `{}`)
+and exactly one of `result` — an MCP `CallToolResult` as the server sent it (`content`, then
+`structuredContent` / `isError` or their snake_case names, and nothing else), else any JSON value as its
+structured content (a string as its text) — or `error`, the server's error message. A line that breaks
+this is skipped whole and reported by number; a call to a tool the catalog lacks is skipped and counted.
+
+`mutate_calls` adds the failures the agent happened not to make: a logged call with one argument changed,
+replayed after the episode's earlier calls against servers configured `"sandbox": true`, the real replies
+recorded as a run of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envace_mcp.errors import UserError
+from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
+from envace_mcp.toolbox.result import ToolResult
+from envace_mcp.traces.schema import Step, Trace
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox import Toolbox
+
+SHOWN = 5
+"""Skipped lines a summary names (the rest are counted): enough to find the pattern, short on a terminal."""
+SEEN_SWAPS = 8
+"""Other values of an argument seen in the log that a string may be changed to, at most (drawn by the seed):
+a log with thousands of ids must not make one call's candidates thousands long."""
+HUGE = 10**9
+"""What an integer becomes as a "huge value": past any count, quantity or page a tool expects."""
+_RESULT_KEYS = frozenset({"content", "structuredContent", "structured_content", "isError", "is_error", "_meta", "meta"})
+
+
+class _Skipped(ValueError):
+    """Why a log line gives no episode: malformed, or no call to a known tool (one line of text)."""
+
+
+@dataclass
+class ImportSummary:
+    """What `read_log` made of a log: counts, and everything skipped with why."""
+
+    log: str
+    episodes: int = 0
+    calls: int = 0
+    errors: int = 0
+    """Imported calls whose result is an error."""
+    invalid_arguments: int = 0
+    """Imported calls whose arguments break their tool's input schema (kept: the server answered them)."""
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    """Lines not imported, `(line number, why)`."""
+    unknown_tools: Counter[str] = field(default_factory=Counter)
+    """Calls skipped because the catalog has no such tool, per tool name."""
+
+    def report(self) -> list[str]:
+        """The summary as lines of text; they quote the log, so a terminal shows them through `safe`."""
+        lines = [f"imported {self.episodes} episode(s) with {self.calls} call(s), {self.errors} of them errors, "
+                 f"from {self.log}"]
+        if self.invalid_arguments:
+            lines.append(f"{self.invalid_arguments} call(s) kept whose arguments break their tool's input schema "
+                         "(they ran: the server's reply is still the truth)")
+        if self.skipped:
+            shown = "; ".join(f"line {number}: {why}" for number, why in self.skipped[:SHOWN])
+            more = f"; and {len(self.skipped) - SHOWN} more" if len(self.skipped) > SHOWN else ""
+            lines.append(f"skipped {len(self.skipped)} line(s): {shown}{more}")
+        if self.unknown_tools:
+            lines.append(f"skipped {sum(self.unknown_tools.values())} call(s) to tools the catalog lacks: "
+                         f"{_names(self.unknown_tools)}")
+        return lines
+
+
+def _names(counts: Counter[str]) -> str:
+    """`name (count)` for the most frequent few; a name from a log is cut, not trusted to be short."""
+    shown = [f"{name if len(name) <= 60 else name[:59] + '…'} ({count})" for name, count in counts.most_common(SHOWN * 2)]
+    more = f" and {len(counts) - len(shown)} more" if len(counts) > len(shown) else ""
+    return ", ".join(shown) + more
+
+
+@dataclass
+class MutationSummary:
+    """What `mutate_calls` did: variants replayed, and the calls it could not change, with why."""
+
+    variants: int = 0
+    errors: int = 0
+    """Variants whose changed call failed for real."""
+    diverged: int = 0
+    """Variants whose replay of the earlier calls went otherwise than the log (an error where the log had
+    none, or the other way): the sandbox's state is not the logged server's."""
+    not_sandbox: int = 0
+    """Calls left alone because they, or an earlier call of their episode, go to a server not marked sandbox."""
+    servers: set[str] = field(default_factory=set)
+    """Those servers."""
+    missing: int = 0
+    """Calls left alone because they, or an earlier call of their episode, name a tool the toolbox lacks."""
+    unchangeable: int = 0
+    """Calls without arguments, or with no one-argument change their tool's input schema accepts."""
+
+    def report(self) -> list[str]:
+        lines = [f"mutated {self.variants} call(s) and replayed each against its sandbox: {self.errors} of the "
+                 "changed calls failed for real"]
+        if self.not_sandbox:
+            lines.append(f"{self.not_sandbox} call(s) not mutated: they or an earlier call of their episode go to "
+                         f"servers not marked \"sandbox\": true ({', '.join(sorted(self.servers))})")
+        if self.missing:
+            lines.append(f"{self.missing} call(s) not mutated: they or an earlier call of their episode name a tool "
+                         "the servers do not offer")
+        if self.unchangeable:
+            lines.append(f"{self.unchangeable} call(s) not mutated: no argument, or no change of one that their input "
+                         "schema accepts")
+        if self.diverged:
+            lines.append(f"{self.diverged} replay(s) went otherwise than the log before the changed call (the "
+                         "sandbox's state differs from the logged server's)")
+        return lines
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def load_catalog(path: str | Path) -> list[ToolSpec]:
+    """A saved catalog: a JSON list of tools as `envace servers ls --json` prints them or as `tools/list`
+    returns them (the list, or the result object holding it as `tools`)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"catalog {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UserError(f"catalog {str(path)!r} is not JSON: {exc}") from None
+    tools = data.get("tools") if isinstance(data, dict) else data
+    if not isinstance(tools, list):
+        raise UserError(f"catalog {str(path)!r} must be a JSON list of tools (or an object with a 'tools' list)")
+    specs: dict[str, ToolSpec] = {}
+    for number, entry in enumerate(tools, 1):
+        try:
+            spec = ToolSpec.from_dict(entry)
+        except ValueError as exc:
+            raise UserError(f"catalog {str(path)!r}, tool {number}: {exc}") from None
+        if spec.name in specs:
+            raise UserError(f"catalog {str(path)!r} lists tool {spec.name!r} twice")
+        specs[spec.name] = spec
+    if not specs:
+        raise UserError(f"catalog {str(path)!r} lists no tools")
+    return list(specs.values())
+
+
+def read_log(path: str | Path, catalog: ToolCatalog | Iterable[ToolSpec]) -> tuple[list[Trace], ImportSummary]:
+    """Each episode of a tool-call log as a finished real-mode `Trace` of `tool` steps, with the catalog
+    attached (`Trace.tools`). Malformed lines and calls to unknown tools are skipped and reported in the
+    summary; a log that yields no episode at all is a `UserError` saying why."""
+    path = Path(path)
+    catalog = catalog if isinstance(catalog, ToolCatalog) else ToolCatalog(catalog)
+    summary = ImportSummary(log=str(path))
+    tools = catalog.to_dicts()
+    traces: list[Trace] = []
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below; opening is what may fail
+    except OSError as exc:
+        raise UserError(f"log {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    with handle:
+        lines = 0
+        for number, raw in enumerate(handle, 1):
+            if not raw.strip():
+                continue
+            lines += 1
+            try:
+                episode = _episode(raw, f"{path.stem}:{number}")
+                trace = _trace(episode, catalog, tools, summary)
+            except _Skipped as exc:
+                summary.skipped.append((number, str(exc)))
+                continue
+            trace.metadata["source"] = f"{path.name}:{number}"
+            traces.append(trace)
+    if not traces:
+        raise UserError(_why_nothing(path, lines, summary))
+    return traces, summary
+
+
+def _why_nothing(path: Path, lines: int, summary: ImportSummary) -> str:
+    if not lines:
+        return f"log {str(path)!r} is empty: one episode per line expected ({{\"task\": ..., \"calls\": [...]}})"
+    number, why = summary.skipped[0]
+    unknown = f"; calls to tools the catalog lacks: {_names(summary.unknown_tools)}" if summary.unknown_tools else ""
+    return f"log {str(path)!r}: no episode imported from its {lines} line(s) (line {number}: {why}{unknown})"
+
+
+@dataclass(frozen=True)
+class _Episode:
+    id: str
+    task: str | None
+    calls: list[tuple[str, Any, dict[str, Any]]]
+    """`(tool, arguments, the call as logged)` in order."""
+
+
+def _episode(raw: bytes, default_id: str) -> _Episode:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _Skipped("not UTF-8 text") from None
+    except RecursionError:
+        raise _Skipped("nested too deep") from None
+    except ValueError as exc:
+        raise _Skipped(f"not JSON ({str(exc)[:80]})") from None
+    if not isinstance(data, dict):
+        raise _Skipped(f"a JSON {_kind(data)}, not an episode object")
+    episode_id = data.get("id", default_id)
+    if isinstance(episode_id, int) and not isinstance(episode_id, bool):
+        episode_id = str(episode_id)
+    if not isinstance(episode_id, str) or not episode_id:
+        raise _Skipped("'id' must be a non-empty string")
+    task = data.get("task", data.get("user"))
+    if task is not None and not isinstance(task, str):
+        raise _Skipped(f"'task' must be a string, not a JSON {_kind(task)}")
+    calls = data.get("calls")
+    if not isinstance(calls, list):
+        raise _Skipped("no 'calls' list" if calls is None else f"'calls' must be a list, not a JSON {_kind(calls)}")
+    if not calls:
+        raise _Skipped("its 'calls' list is empty")
+    return _Episode(episode_id, task, [_call(call, number) for number, call in enumerate(calls, 1)])
+
+
+def _call(call: Any, number: int) -> tuple[str, Any, dict[str, Any]]:
+    where = f"call {number}"
+    if not isinstance(call, dict):
+        raise _Skipped(f"{where} is a JSON {_kind(call)}, not an object")
+    tool = call.get("tool")
+    if not isinstance(tool, str) or not tool:
+        raise _Skipped(f"{where} has no 'tool' name")
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # OpenAI tool calls carry their arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            raise _Skipped(f"{where}: 'arguments' is a string that is not JSON") from None
+    if not isinstance(arguments, dict):
+        raise _Skipped(f"{where}: 'arguments' must be an object, not a JSON {_kind(arguments)}")
+    has = ("result" in call, "error" in call)
+    if all(has) or not any(has):
+        raise _Skipped(f"{where} has {'both' if all(has) else 'neither'} 'result' {'and' if all(has) else 'nor'} "
+                         "'error' (exactly one: what the server answered)")
+    if "error" in call and not isinstance(call["error"], str):
+        raise _Skipped(f"{where}: 'error' must be the server's message, a string")
+    _check_result(call.get("result"), where)
+    return tool, arguments, call
+
+
+def _is_call_result(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("content"), list) and set(value) <= _RESULT_KEYS
+
+
+def _check_result(value: Any, where: str) -> None:
+    if not _is_call_result(value):
+        return
+    if not all(isinstance(block, dict) and isinstance(block.get("type"), str) for block in value["content"]):
+        raise _Skipped(f"{where}: 'result.content' must hold content blocks (objects with a 'type')")
+    flag = value.get("isError", value.get("is_error", False))
+    if not isinstance(flag, bool):
+        raise _Skipped(f"{where}: 'result.isError' must be true or false")
+
+
+def _text(text: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": text}]
+
+
+def logged_result(tool: str, server: str | None, arguments: Any, call: dict[str, Any]) -> ToolResult:
+    """A logged call's answer (`result` or `error`, as the module docstring says) as a `ToolResult`."""
+    if "error" in call:
+        return ToolResult(tool=tool, server=server, arguments=arguments, content=_text(call["error"]), is_error=True,
+                          error_kind="tool_error")
+    value = call["result"]
+    if _is_call_result(value):
+        content = list(value["content"])
+        structured = value.get("structuredContent", value.get("structured_content"))
+        if structured is not None and not isinstance(structured, dict):
+            # a ToolResult holds object structured content only: any other value is kept as the reply's text
+            content = content or _text(json.dumps(structured, indent=2, ensure_ascii=False))
+            structured = None
+        failed = value.get("isError", value.get("is_error", False))
+        return ToolResult(tool=tool, server=server, arguments=arguments, content=content, structured_content=structured,
+                          is_error=failed, error_kind="tool_error" if failed else None)
+    if isinstance(value, str):
+        return ToolResult(tool=tool, server=server, arguments=arguments, content=_text(value))
+    # the text as MCP servers write structured output: the JSON, indented
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    return ToolResult(tool=tool, server=server, arguments=arguments, content=_text(text),
+                      structured_content=value if isinstance(value, dict) else None)
+
+
+def _find_tool(catalog: ToolCatalog, name: str) -> ToolSpec | None:
+    """The catalog entry a logged call names: by catalog name, else by the server's own name when only one
+    server offers it (the catalog prefixes names two servers share)."""
+    spec = catalog.get(name)
+    if spec is not None:
+        return spec
+    owners = [s for s in catalog if s.remote_name == name]
+    return owners[0] if len(owners) == 1 else None
+
+
+def _trace(episode: _Episode, catalog: ToolCatalog, tools: list[dict[str, Any]], summary: ImportSummary) -> Trace:
+    now = time.time()
+    steps: list[Step] = []
+    unknown: Counter[str] = Counter()
+    invalid = 0
+    for position, (name, arguments, call) in enumerate(episode.calls):
+        spec = _find_tool(catalog, name)
+        if spec is None:
+            unknown[name] += 1
+            continue
+        invalid += bool(spec.validator.errors(arguments))
+        result = logged_result(spec.name, spec.server, arguments, call)
+        steps.append(Step(index=len(steps), role="tool", call_id=f"call_{position}", time=now, tool=spec.name,
+                          arguments=arguments, result=result.model_dump(mode="json")))
+    summary.unknown_tools.update(unknown)
+    if not steps:
+        raise _Skipped(f"no call to a tool the catalog has (only {_names(unknown)})")
+    summary.episodes += 1
+    summary.calls += len(steps)
+    summary.errors += sum(bool(s.result and s.result["is_error"]) for s in steps)
+    summary.invalid_arguments += invalid
+    return Trace(run_id=uuid.uuid4().hex, task_id=episode.id, mode="real", task=episode.task, tools=tools,
+                 started_at=now, ended_at=now, status="finished", steps=steps)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+# ---------------------------------------------------------------------------- mutating
+
+
+def _seen_values(traces: Iterable[Trace]) -> dict[str, list[str]]:
+    """Every string each argument name took in the traces' calls, in order of first sight: the other ids
+    and names an agent could have mixed up."""
+    seen: dict[str, dict[str, None]] = {}
+    for trace in traces:
+        for step in trace.steps_of("tool"):
+            for name, value in (step.arguments or {}).items() if isinstance(step.arguments, dict) else ():
+                if isinstance(value, str):
+                    seen.setdefault(name, {})[value] = None
+    return {name: list(values) for name, values in seen.items()}
+
+
+def _argument_schema(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """An argument's own schema, the one non-null branch of an `anyOf` taken (pydantic's optionals)."""
+    prop = (schema.get("properties") or {}).get(name)
+    prop = prop if isinstance(prop, dict) else {}
+    options = [o for o in prop.get("anyOf") or [] if isinstance(o, dict) and o.get("type") != "null"]
+    return options[0] if len(options) == 1 else prop
+
+
+def _retyped(value: str, rng: random.Random) -> str:
+    """`value` (not empty) with its last character changed to another of its kind (a digit, a letter of its
+    case; anything else becomes a digit)."""
+    last = value[-1]
+    pool = next((p for p in (string.digits, string.ascii_lowercase, string.ascii_uppercase) if last in p), None)
+    return value[:-1] + rng.choice([c for c in (pool or string.digits) if c != last])
+
+
+def changes(arguments: dict[str, Any], spec: ToolSpec, seen: dict[str, list[str]],
+            rng: random.Random) -> dict[str, list[Any]]:
+    """Each argument's plausible wrong values that the tool's input schema accepts (the rest would only be
+    refused, teaching nothing about the server): an enum's other members, a boolean flipped, an integer
+    as 0, negative or huge, a string as another value the argument took in the log or with its last
+    character changed. Arguments without one are left out."""
+    found: dict[str, list[Any]] = {}
+    for name, value in arguments.items():
+        prop = _argument_schema(spec.input_schema, name)
+        if isinstance(prop.get("enum"), list):
+            options = [member for member in prop["enum"] if member != value]
+        elif isinstance(value, bool):
+            options = [not value]
+        elif isinstance(value, int):
+            options = [0, -abs(value) or -1, HUGE]
+        elif isinstance(value, float):
+            options = [0.0, -abs(value) or -1.0, float(HUGE)]
+        elif isinstance(value, str):
+            others = [v for v in seen.get(name, []) if v != value]
+            options = rng.sample(others, min(len(others), SEEN_SWAPS)) + ([_retyped(value, rng)] if value else [])
+        else:
+            continue
+        kept: list[Any] = []
+        for option in options:  # enum members may be any JSON: compared, never hashed
+            if option != value and option not in kept and not spec.validator.errors({**arguments, name: option}):
+                kept.append(option)
+        if kept:
+            found[name] = kept
+    return found
+
+
+async def mutate_calls(traces: list[Trace], toolbox: Toolbox, *, per_episode: int,
+                       seed: int = 0) -> tuple[list[Trace], MutationSummary]:
+    """For up to `per_episode` calls of each trace (drawn by `seed`), a variant with one argument changed
+    (`changes`), replayed on `toolbox` — the episode's earlier calls in order, then the changed call — and
+    recorded with its real results as a new trace (`metadata`: `mutated_from`, `mutation`). Only calls whose
+    whole replay goes to servers configured `"sandbox": true` are changed; the summary counts the rest."""
+    if per_episode < 0:
+        raise UserError(f"per_episode must be 0 or more, not {per_episode}")
+    rng = random.Random(seed)
+    seen = _seen_values(traces)
+    summary = MutationSummary()
+    variants: list[Trace] = []
+    for trace in traces:
+        calls = trace.steps_of("tool")
+        options: dict[int, dict[str, list[Any]]] = {}
+        for position, step in enumerate(calls):
+            spec = toolbox.catalog.get(step.tool)
+            if spec is None or not toolbox.specs[spec.server].sandbox:  # this call and every later one
+                rest = len(calls) - position
+                if spec is None:
+                    summary.missing += rest
+                else:
+                    summary.not_sandbox += rest
+                    summary.servers.add(spec.server)
+                break
+            found = changes(step.arguments if isinstance(step.arguments, dict) else {}, spec, seen, rng)
+            if found:
+                options[position] = found
+            else:
+                summary.unchangeable += 1
+        for position in sorted(rng.sample(sorted(options), min(per_episode, len(options)))):
+            name = rng.choice(sorted(options[position]))
+            new = rng.choice(options[position][name])
+            variant = await _replay(trace, calls[: position + 1], name, new, toolbox)
+            summary.variants += 1
+            summary.errors += bool(variant.steps[-1].result and variant.steps[-1].result["is_error"])
+            summary.diverged += bool(variant.metadata["diverged"])
+            variants.append(variant)
+    return variants, summary
+
+
+async def _replay(trace: Trace, calls: list[Step], name: str, new: Any, toolbox: Toolbox) -> Trace:
+    started = time.time()
+    target = calls[-1]
+    old = target.arguments[name]
+    steps: list[Step] = []
+    diverged: list[int] = []
+    for position, step in enumerate(calls):
+        arguments = {**step.arguments, name: new} if step is target else step.arguments
+        result = await toolbox.call(step.tool, arguments)
+        if step is not target and result.is_error != bool((step.result or {}).get("is_error")):
+            diverged.append(position)
+        steps.append(Step(index=position, role="tool", call_id=step.call_id, time=time.time(), tool=step.tool,
+                          arguments=arguments, result=result.model_dump(mode="json")))
+    mutation = f"{name}: {json.dumps(old, ensure_ascii=False)} → {json.dumps(new, ensure_ascii=False)}"
+    return Trace(run_id=uuid.uuid4().hex, task_id=trace.task_id, mode="real", task=trace.task,
+                 tools=toolbox.catalog.to_dicts(), started_at=started, ended_at=time.time(), status="finished",
+                 steps=steps, metadata={"source": trace.metadata.get("source"), "mutated_from": trace.run_id,
+                                        "mutation": mutation, "call": target.call_id, "diverged": diverged})
