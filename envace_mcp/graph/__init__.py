@@ -13,6 +13,7 @@ from envace_mcp.graph.gate import (
 )
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import EnvaceContext, EnvaceState, RehearsalRecord
+from envace_mcp.graph.trust import ToolTrust, gate_for, read_trust
 
 __all__ = [
     "create_envace_graph",
@@ -23,6 +24,9 @@ __all__ = [
     "RunLimits",
     "adapter_gate",
     "policy_gate",
+    "gate_for",
+    "ToolTrust",
+    "read_trust",
     "ADAPTER_GATE_SETTINGS",
     "Decision",
     "decide",

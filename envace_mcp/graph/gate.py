@@ -33,6 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from envace_mcp.config import Settings, build, parse_text
 from envace_mcp.errors import UserError
+from envace_mcp.graph.trust import ToolTrust
 from envace_mcp.policy.types import Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
 
@@ -77,12 +78,20 @@ class GateConfig(Settings):
     runs first (docs/evidence.md)."""
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
-    require_approval: Literal["never", "destructive", "always"] = "destructive"
+    require_approval: Literal["never", "measured", "destructive", "always"] = "destructive"
     """Approval for every destructive call (tools not annotated read-only, or whose server's annotations are
     not trusted), or every call, with the call and its rehearsed outcome shown whole. The default in every
     form — CLI, served graph, drop-ins, Python — since a real server's writes cannot be taken back and a
     world model's "no objection" is no consent. `"never"` is the explicit opt-out, for sandboxes (the
-    bundled servers in evaluation and training, `UNATTENDED`) and runs nobody can answer."""
+    bundled servers in evaluation and training, `UNATTENDED`) and runs nobody can answer. `"measured"`: as
+    `"destructive"`, except where the world model's trust table says its predicted successes of that tool
+    were measured reliable (`ToolTrust.skip_approval`) and it predicts success: your choice to let a
+    measured world model stand in for you; an adapter's table alone never skips a question."""
+    trust: dict[str, ToolTrust] | None = None
+    """The world model's trust table, tool by tool (`envace_mcp.graph.trust`): with one, a tool it does not
+    name is untrusted, its predictions shown and never acted on alone. Filled from the policy's adapter
+    (`trust.json`, written by `envace world-model fit`) wherever a gate is resolved (`gate_for`); None: no
+    table, every prediction acted on as the settings above say."""
 
     MOVED: ClassVar[dict[str, str]] = {
         key: f"it is a run limit (RunLimits; --limits {key}=N, ENVACE_LIMITS)"
@@ -349,11 +358,19 @@ def decide(
         return Decision("reject", f"invalid arguments for '{spec.name}': {where}: {problems[0]['message']}")
     if simulates(mode, spec.annotations.read_only):
         return Decision("simulate", f"{mode} mode: the rehearsal answers this call")
+    earned = config.trust.get(call.name) if config.trust is not None else None
+    untrusted = config.trust is not None and (earned is None or not earned.stop)
     predicted = prediction is not None and prediction.status == "tool_error"
     confidence = prediction.confidence if prediction is not None else None
-    failing = predicted and (confidence is None or confidence >= config.min_failure_confidence)
+    failing = predicted and (confidence is None or confidence >= config.min_failure_confidence) and not untrusted
     sure = f" (confidence {confidence:.2f})" if confidence is not None else ""
     unusable = prediction is not None and prediction.status == "invalid"
+    shown = ""  # a prediction the trust table says not to act on: said, not acted on
+    if untrusted and (predicted or unusable):
+        measured = "was not measured on" if earned is None else "was not measured reliable on"
+        shown = (f"; the world model {measured} '{spec.name}' (trust table), so its prediction "
+                 f"({prediction.code}) is shown, not acted on")
+        unusable = False
     seen = objection(call, spec, evidence, config) if evidence is not None and spec.annotations.destructive else None
     if seen:
         if config.approve_blocked:
@@ -372,10 +389,18 @@ def decide(
                                     f"{prediction.message or prediction.details or 'an error'}")
     if max_real_calls is not None and real_calls >= max_real_calls:
         return Decision("budget", f"real-call budget of {max_real_calls} spent")
-    if config.require_approval == "always" or (config.require_approval == "destructive" and spec.annotations.destructive):
+    vouched = (config.require_approval == "measured" and earned is not None and earned.skip_approval
+               and prediction is not None and prediction.status == "result")
+    if config.require_approval == "always" or (
+            config.require_approval in ("destructive", "measured") and spec.annotations.destructive and not vouched):
         unread = f"; rehearsal unusable ({prediction.code}), so it predicts nothing" if unusable else ""
         return Decision("ask", f"approval required for {'destructive ' if spec.annotations.destructive else ''}"
-                               f"tool '{spec.name}'{unread}")
+                               f"tool '{spec.name}'{unread}{shown}")
+    if shown:
+        return Decision("execute", shown.removeprefix("; "))
+    if vouched and spec.annotations.destructive:
+        return Decision("execute", f"rehearsal predicts success, and the world model's predicted successes of "
+                                   f"'{spec.name}' were measured reliable (require_approval=measured)")
     if predicted and not failing:  # an objection too unsure to count: say so, a reviewer reads this
         return Decision("execute", f"rehearsal predicts {prediction.code} at confidence {confidence:.2f}, under "
                                    f"min_failure_confidence {config.min_failure_confidence:g}")

@@ -30,6 +30,7 @@ from envace_mcp.graph.gate import (
     limits_settings,
     limits_text,
 )
+from envace_mcp.graph.trust import gate_for
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import context_sampling
 from envace_mcp.policy.embedded import default_adapter
@@ -78,6 +79,7 @@ class ServedContext(EnvaceContext):
             self.toolbox = _shared_toolbox(self.servers)  # type: ignore[arg-type]
         if self.sampling is None:
             self.sampling = context_sampling(self.policy)
+        self.gate = gate_for(self.policy, self.gate)  # the world model's trust table, as every entry point
         return self
 
     def _build_gate(self) -> GateConfig:
@@ -119,7 +121,7 @@ _ENV = {"servers": "ENVACE_SERVERS", "model": "ENVACE_MODEL", "adapter": "ENVACE
         "rehearse_adapter": "ENVACE_REHEARSE_ADAPTER", "mode": "ENVACE_MODE"}
 _SERVICES = ("policy", "toolbox", "tools", "approve")
 _JSON = (str, int, float, dict, list)  # bool is an int
-_APPROVAL = ("never", "destructive", "always")
+_APPROVAL = ("never", "measured", "destructive", "always")
 _MODES = ("real", "mixed", "simulated")  # fewer real calls to the right: writes, then every call, simulated
 _STOPS_MORE_WHEN_TRUE = ("feedback_on_predicted_error", "block_destructive_on_predicted_failure")
 _BLOCKS_MORE = ("block_destructive_on_predicted_failure", "on_unusable", "evidence", "min_failure_confidence",
@@ -179,6 +181,8 @@ def loosened(deployed: GateConfig, settings: Mapping[str, Any], whose: str = "th
     (block, feedback) or one a human approves first (ask). Not tighter either way: widening `rehearse`
     from `writes` to `all` under a rehearsal budget (`limits.max_rehearsals`: rehearsed reads spend what
     writes need); and with `approve_blocked` on, what blocks more turns feedback stops into questions."""
+    if "trust" in settings:
+        return "trust replaces the world model's trust table, which only the deployment sets"
     merged = deployed.model_copy(update=dict(settings))
     for key, value in settings.items():
         old = getattr(deployed, key)

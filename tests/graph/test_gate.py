@@ -152,7 +152,7 @@ def test_gate_settings_take_what_json_gives_and_a_bad_one_says_what_its_field_ta
     assert GateConfig(**gate_settings(every, "here")) == GateConfig(**every)
     for bad, says in [({"approve_blocked": "perhaps"}, "approve_blocked must be a valid boolean"),
                       ({"min_failure_confidence": float("nan")}, "min_failure_confidence must be"),
-                      ({"require_approval": None}, "must be 'never', 'destructive' or 'always', not None"),
+                      ({"require_approval": None}, "must be 'never', 'measured', 'destructive' or 'always', not None"),
                       ({"evidence": ["made_up"]}, "evidence must be 'repeated_failures', 'repeated_writes' or "),
                       ({"colour": "red"}, "here: unknown setting 'colour' (known: rehearse, "),
                       ({"evidance": []}, "unknown setting 'evidance'; did you mean 'evidence'?"),
