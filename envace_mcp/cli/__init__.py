@@ -32,12 +32,14 @@ from envace_mcp.cli._common import (
     train_app,
 )
 from envace_mcp.cli.lab import lab_app
+from envace_mcp.cli.world_model import world_model_app
 
 app.add_typer(servers_app, name="servers")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(policy_app, name="policy")
 app.add_typer(traces_app, name="traces")
 app.add_typer(train_app, name="train")
+app.add_typer(world_model_app, name="world-model")
 app.add_typer(lab_app, name="lab")
 
 _LOG_WIDTH = 100_000

@@ -13,7 +13,8 @@ from envace_mcp.envs.rewards import call_f1
 from envace_mcp.envs.suites import TaskSuite
 from envace_mcp.envs.task import CheckResult, Task
 from envace_mcp.errors import UserError
-from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph, policy_gate
+from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
+from envace_mcp.graph.trust import gate_for
 from envace_mcp.graph.gate import UNATTENDED, Mode
 from envace_mcp.graph.state import Approver
 from envace_mcp.graph.tts import Attempt, condense, imagine
@@ -77,7 +78,7 @@ async def run_task(
     evaluation and training rollouts.
     Without a toolbox (simulated mode: `tools` are the catalog entries the agent sees) the run is scored
     by replaying its calls on the task's initial state (`score_replayed`)."""
-    gate = gate or policy_gate(policy)
+    gate = gate_for(policy, gate)
     if approve is None:
         gate = gate.model_copy(update=UNATTENDED)
     episode = suite.episode(task)

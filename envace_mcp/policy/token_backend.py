@@ -74,6 +74,17 @@ class TokenPolicy(PromptPolicy):
         return RawCompletion(text="", prompt_text=prompt_text, prompt_ids=list(prompt_ids), completion_ids=[],
                              logprobs=[], finish_reason="length", refused=why)
 
+    def rehearse_prompt(self, request: Any) -> tuple[list[int], str]:
+        """The rehearse role's prompt ids for `request` (a `RehearseRequest`), exactly as `rehearse` renders
+        them, and the text that closes the tool's turn after its content (inline format; "" otherwise):
+        what a world model is trained on with the real reply as the target."""
+        from envace_mcp.policy.prompts import render_inline, render_rehearse
+
+        if self.rehearse_format == "inline":
+            prompt, close = inline_prompt(self.render(*render_inline(request)), self.end_texts)
+            return self.encode(prompt), close
+        return self.encode(self.render(render_rehearse(request), None)), ""
+
     async def _sample(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
         return self.fits(prompt_ids, prompt_text, sampling) or await self._generate(prompt_ids, prompt_text, sampling)
 

@@ -1,0 +1,186 @@
+"""Fit the rehearse role to a user's tools from their recorded calls, and measure it on calls it never saw.
+
+    fit(traces, out)                     -> the report: a LoRA world model in `out`, measured on held-out runs
+    measure(policy, calls)               -> the report of any world model on any calls
+    write_report(out, report, measured)  -> report.json, report.png and the trust table (trust.json)
+
+The split is by run, seeded and stated (`fit.json`): a run's calls, and any replayed with a changed
+argument (`envace traces import --mutate`), are all on one side. Only the rehearse role trains (SFT
+on the real replies); the act role is not touched, so the fitted folder is meant as a world model beside
+an agent (`--world-model DIR`, `RehearsalMiddleware(world_model=DIR)`, `load_policy(rehearse_adapter=DIR)`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from envace_mcp.errors import UserError
+from envace_mcp.worldmodel.calls import Observed, first_calls, observed_calls, split_episodes
+from envace_mcp.worldmodel.measure import bars, finite, report, score_calls
+
+FIT_FILE = "fit.json"
+REPORT_FILE = "report.json"
+PLOT_FILE = "report.png"
+DEFAULT_FORMATS = {"tool_format": "compact", "rehearse_format": "inline"}
+"""Prompt formats of a world model started without an adapter: the shipped adapter's (a third of the
+tokens of full JSON schemas; the rehearsal continues the act prompt, whose prefix is cached)."""
+
+
+def read_calls(traces: str | Path) -> tuple[list[Any], list[Observed], dict[str, int]]:
+    """The runs of a trace folder and their real calls; a folder without any is a UserError."""
+    from envace_mcp.traces import TraceStore
+
+    runs = list(TraceStore(traces).read())
+    calls, unknown = observed_calls(runs)
+    if not calls:
+        why = (f"its calls name tools its runs did not record ({', '.join(sorted(unknown)[:3])})" if unknown else
+               "no run holds a call that reached a server, with the tool catalog it saw (record runs with this "
+               "version, or import a log: envace traces import)")
+        raise UserError(f"{traces}: nothing to fit a world model on: {why}")
+    return runs, calls, unknown
+
+
+def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | None = None
+          ) -> tuple[list[Observed], list[Observed], dict[str, Any]]:
+    """(training calls, held-out calls, what the split was), refusing an empty side in one line."""
+    train_runs, held_runs = split_episodes(calls, holdout, seed)
+    train, held = first_calls(calls, train_runs, max_calls), first_calls(calls, held_runs, None)
+    if not train or not held:
+        runs = len(train_runs) + len(held_runs)
+        raise UserError(f"cannot hold out {holdout:.0%} of {runs} run(s) and train on the rest: need at least two "
+                        "runs with real calls, and holdout between 0 and 1")
+    return train, held, {"seed": seed, "holdout": holdout, "runs": len(train_runs) + len(held_runs),
+                         "held_out_runs": sorted(held_runs), "training_calls": len(train), "held_out_calls": len(held)}
+
+
+def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
+    """SFT rows (rehearse prompt → the real reply, closed as the template closes a tool turn) and how many
+    calls were left out because prompt and reply do not fit the model's context."""
+    from envace_mcp.train.rows import Segment
+    from envace_mcp.train.sft import rehearse_target, target_encoding
+    from envace_mcp.worldmodel.measure import _Format
+
+    encode, end = target_encoding(policy.tokenizer)
+    rows, too_long = [], 0
+    for call in calls:
+        prompt, close = policy.rehearse_prompt(call.request)
+        target = encode(rehearse_target(call.result, _Format(policy.rehearse_format, close))) + [end]
+        if policy.context_window is not None and len(prompt) + len(target) > policy.context_window:
+            too_long += 1
+            continue
+        rows.append(Segment(run_id=call.episode, task_id=None, group_id=call.episode, role="rehearse",
+                            prompt_ids=prompt, completion_ids=target, old_logprobs=None, reward=None))
+    return rows, too_long
+
+
+def measure(policy: Any, calls: list[Observed], *, label: str = "world model") -> dict[str, Any]:
+    """Rehearse every call greedily (as runs do) and score it: the report (`measure.report`)."""
+    import anyio
+
+    from envace_mcp._progress import Progress
+    from envace_mcp.policy.types import run_sampling
+
+    sampling = run_sampling()["rehearse"]
+    with Progress(f"measure {label}", total=len(calls)) as progress:
+        scored = anyio.run(score_calls, policy, calls, sampling, progress.advance)
+    return report(scored)
+
+
+def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapter: str | Path | None = None,
+        settings: Any = None, holdout: float = 0.2, seed: int = 0, max_calls: int | None = None,
+        on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train the rehearse role of `model` (None: the embedded SmolLM2) on the real replies of the training
+    runs in `traces`, as LoRA (over `adapter` when given, continuing it), save it to `out` and measure it on
+    the held-out runs; returns the report (also written to `out`, with the trust table). `settings`: an
+    `SFTConfig` (epochs, lr, rank, batch; its `roles` are set to the rehearse role)."""
+    from envace_mcp._progress import Progress
+    from envace_mcp.engine.model import load_model
+    from envace_mcp.policy.embedded import embedded_model_dir
+    from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
+    from envace_mcp.policy.transformers import TransformersPolicy
+    from envace_mcp.train.config import SFTConfig
+    from envace_mcp.train.sft import steps_per_epoch, train_sft
+
+    out = Path(out)
+    settings = settings or SFTConfig()
+    settings = settings.model_copy(update={"roles": ["rehearse"]})
+    _, calls, unknown = read_calls(traces)
+    train, held, how = split(calls, holdout, seed, max_calls)
+    formats = {**DEFAULT_FORMATS, **adapter_formats(adapter)}
+    lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True, dtype="checkpoint")
+    policy = TransformersPolicy(lm, tokenizer, name=str(model or "embedded"), **formats)
+    rows, too_long = training_rows(policy, train)
+    if not rows:
+        raise UserError(f"none of the {len(train)} training calls fits the model's context with its reply")
+    steps = settings.epochs * steps_per_epoch(rows, settings)
+    with Progress("fit world model", total=steps) as progress:
+        def step(m: dict[str, float]) -> None:
+            progress.advance(loss=round(m["loss"], 4))
+            if on_step is not None:
+                on_step(m)
+
+        lm = train_sft(lm, rows, tokenizer.pad_token_id or 0, settings, out=out, on_step=step)
+    write_adapter_format(out, formats["tool_format"], formats["rehearse_format"])
+    tokenizer.save_pretrained(out)
+    fitted = TransformersPolicy(lm, tokenizer, name=f"world model {out}", **formats)
+    result = measure(fitted, held, label="held-out calls")
+    measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
+                "skipped_too_long": too_long, "unknown_tools": unknown,
+                "training": settings.model_dump(mode="json", exclude={"performance", "model", "adapter"})}
+    (out / FIT_FILE).write_text(json.dumps(measured, indent=1, ensure_ascii=False) + "\n")
+    write_report(out, result, measured)
+    return result
+
+
+def write_report(out: str | Path, result: dict[str, Any], measured_on: dict[str, Any], *, trust: bool = True) -> None:
+    """report.json, report.png and (with `trust`) the trust table, into `out`."""
+    from envace_mcp.graph.trust import write_trust
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_FILE).write_text(json.dumps(finite({**result, "measured_on": measured_on}), indent=1,
+                                              ensure_ascii=False) + "\n")
+    plot(result, out / PLOT_FILE)
+    if trust:
+        write_trust(out, finite(result["trust"]), {**{k: v for k, v in measured_on.items() if k != "training"},
+                                                    "bars": bars()})
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Per tool: status accuracy, failure precision and recall, field accuracy on echoed and read fields."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tools = list(result["tools"])
+    series = [("status accuracy", lambda f: f["status_accuracy"]),
+              ("failure precision", lambda f: f["failure_precision"]),
+              ("failure recall", lambda f: f["failure_recall"]),
+              ("fields echoed", lambda f: f["field_accuracy"]["echoed"]),
+              ("fields read", lambda f: f["field_accuracy"]["read"]),
+              ("fields computed", lambda f: f["field_accuracy"]["computed"])]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tools) + 2), 4.2))
+    width = 0.8 / len(series)
+    for i, (name, get) in enumerate(series):
+        values = [get(result["tools"][t]) for t in tools]
+        xs = [j + i * width for j in range(len(tools))]
+        ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
+        for x, v in zip(xs, values):
+            if v is None:
+                ax.text(x, 0.01, "n/a", rotation=90, fontsize=6, ha="center", va="bottom")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tools))])
+    ax.set_xticklabels([f"{t}\n({result['tools'][t]['calls']} calls)" for t in tools], fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("on held-out calls")
+    overall = result["overall"]
+    nll = overall["nll_per_token"]
+    ax.set_title(f"world model, {overall['calls']} calls: status {overall['status_accuracy'] or 0:.2f}, "
+                 f"nll/token {nll if nll is not None else float('nan'):.3f}", fontsize=10)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,128 @@
+"""Teach the world model your tools: real calls in, a fitted rehearse role out, measured tool by tool.
+
+Plumbing on the tiny Qwen3-shaped model (accuracy belongs to the embedded model: docs/evidence.md); the
+calls are real replies of the bundled bank server over stdio."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from envace_mcp.envs import get_suite
+from envace_mcp.graph.trust import read_trust
+from envace_mcp.lab.suite_calls import record_suite_calls
+from envace_mcp.traces import Step, Trace, TraceStore
+from envace_mcp.worldmodel import observed_calls, split_episodes
+
+ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
+
+
+def envace(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*ENVACE, *args], capture_output=True, text=True, timeout=timeout,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.fixture(scope="module")
+def bank_calls(tmp_path_factory) -> Path:
+    """Real calls of 12 bank tasks' reference solutions, one run each, with the catalog attached."""
+    out = tmp_path_factory.mktemp("bank-calls")
+    suite = get_suite("bank")
+    anyio.run(record_suite_calls, suite, list(suite.split("train"))[:12], out)
+    return out
+
+
+def _step(i, tool, arguments, result, **fields):
+    return Step(index=i, role="tool", call_id=f"c{i}", time=time.time(), tool=tool, arguments=arguments,
+                result=result, **fields)
+
+
+def _reply(text, error=False, kind=None):
+    return {"tool": "x", "content": [{"type": "text", "text": text}], "is_error": error, "error_kind": kind,
+            "structured_content": None}
+
+
+def test_only_calls_the_server_answered_become_examples_each_seeing_the_replies_before_it(bank_catalog):
+    tools = [s.to_dict() for s in bank_catalog]
+    trace = Trace(run_id="r1", task="Move 5 to savings", started_at=time.time(), tools=tools, steps=[
+        _step(0, "get_balance", {"account_id": "CHK-1"}, _reply('{"balance": 10}')),
+        _step(1, "transfer", {"amount": 5}, _reply("Not executed (block): ..."), decision="block"),
+        _step(2, "transfer", {"amount": -1}, _reply("bad", True, "invalid_arguments")),
+        _step(3, "transfer", {"from_account": "CHK-1", "to_account": "SAV-1", "amount": 5},
+              _reply("Insufficient funds", True, "tool_error")),
+        _step(4, "made_up_tool", {}, _reply("?")),
+    ])
+    calls, unknown = observed_calls([trace])
+    assert [c.tool for c in calls] == ["get_balance", "transfer"] and unknown == {"made_up_tool": 1}
+    last = calls[1]
+    assert last.failed and last.request.call.arguments["amount"] == 5
+    shown = [getattr(m, "content", "") for m in last.request.history]
+    assert shown[0] == "Move 5 to savings" and '{"balance": 10}' in shown and "Not executed (block): ..." not in shown
+    assert last.earlier == [{"balance": 10}] and last.request.examples[0].tool == "get_balance"
+
+
+def test_the_split_is_by_run_seeded_and_keeps_a_replayed_call_with_the_run_it_came_from(bank_calls):
+    runs = list(TraceStore(bank_calls).read())
+    variant = runs[0].model_copy(update={"run_id": "variant", "metadata": {"mutated_from": runs[0].run_id}})
+    calls, _ = observed_calls([*runs, variant])
+    train, held = split_episodes(calls, 0.25, seed=3)
+    assert (train, held) == split_episodes(calls, 0.25, seed=3) and (train, held) != split_episodes(calls, 0.25, seed=4)
+    assert not set(train) & set(held) and len(held) == 3 and "variant" not in train + held
+    assert {c.episode for c in calls if c.request.call.id} >= {runs[0].run_id}
+
+
+def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_table(bank_calls, tiny_qwen3_dir, tmp_path):
+    out = tmp_path / "wm"
+    fitted = envace("world-model", "fit", "--traces", str(bank_calls), "--out", str(out), "--model", str(tiny_qwen3_dir),
+                    "--holdout", "0.25", "-c", "epochs=4,batch_size=4,lr=3e-3")
+    assert fitted.returncode == 0, fitted.stderr[-2000:]
+    assert "all tools" in fitted.stdout and "trust.json" in fitted.stdout
+    report = json.loads((out / "report.json").read_text())
+    setup = json.loads((out / "fit.json").read_text())
+    assert report["overall"]["calls"] == setup["held_out_calls"] > 0 and len(setup["held_out_runs"]) == 3
+    catalog = {t["name"] for t in next(iter(TraceStore(bank_calls).read())).tools}
+    assert report["tools"] and set(report["tools"]) <= catalog
+    for figures in report["tools"].values():
+        assert set(figures["field_accuracy"]) == {"echoed", "read", "computed"} and figures["nll_per_token"] > 0
+    assert (out / "report.png").stat().st_size > 10_000 and (out / "adapter_config.json").exists()
+    table = read_trust(out)
+    assert set(table) == set(report["tools"])  # every measured tool has an entry; the tiny model earns nothing
+    assert not any(t.stop or t.skip_approval for t in table.values())
+    # The real replies were learned: held-out nll well below the untrained model's on the same calls
+    again = envace("world-model", "report", "--adapter", str(out), "--traces", str(bank_calls),
+                   "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "held out when it was fitted" in again.stdout
+    assert json.loads((tmp_path / "again" / "report.json").read_text())["overall"]["calls"] == setup["held_out_calls"]
+    from envace_mcp.policy.transformers import TransformersPolicy
+    from envace_mcp.train.sft import rehearse_target, target_encoding
+    from envace_mcp.worldmodel import read_calls
+    from envace_mcp.worldmodel.measure import _Format
+
+    _, calls, _ = read_calls(bank_calls)
+    held = [c for c in calls if c.episode in set(setup["held_out_runs"])]
+    bare = TransformersPolicy.from_pretrained(str(tiny_qwen3_dir), tool_format="compact", rehearse_format="inline")
+    encode, end = target_encoding(bare.tokenizer)
+    nll = tokens = 0.0
+    for call in held:
+        prompt, close = bare.rehearse_prompt(call.request)
+        target = encode(rehearse_target(call.result, _Format("inline", close))) + [end]
+        nll, tokens = nll - sum(bare.score(prompt, target)), tokens + len(target)
+    assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_qwen3_dir, bank_calls):
+    empty = tmp_path / "empty"
+    TraceStore(empty).append(Trace(run_id="r", started_at=time.time()))
+    done = envace("world-model", "fit", "--traces", str(empty), "--out", str(tmp_path / "o"), "--model", str(tiny_qwen3_dir))
+    assert done.returncode == 2 and "nothing to fit a world model on" in done.stderr and "Traceback" not in done.stderr
+    one = tmp_path / "one"
+    TraceStore(one).append(next(iter(TraceStore(bank_calls).read())))
+    done = envace("world-model", "fit", "--traces", str(one), "--out", str(tmp_path / "o"), "--model", str(tiny_qwen3_dir))
+    assert done.returncode == 2 and "need at least two runs" in done.stderr
+    assert not (tmp_path / "o" / "adapter_config.json").exists()
+    done = envace("world-model", "report", "--adapter", str(tmp_path / "missing"), "--traces", str(bank_calls))
+    assert done.returncode == 2 and "does not exist" in done.stderr
