@@ -166,7 +166,8 @@ def traces_import(
 ) -> None:
     """Your agents' tool-call logs as traces: every real call a world-model example (docs/traces.md)."""
     from envace_mcp.traces import TraceStore
-    from envace_mcp.traces.importing import load_catalog, mutate_calls, read_log
+    from envace_mcp.traces.importing import load_catalog, read_log
+    from envace_mcp.traces.mutating import mutate_calls
 
     if (servers is None) == (catalog is None):
         _fail(UserError("give the tools' catalog one way: --servers CONFIG.json (live servers) or --catalog FILE "

@@ -1,7 +1,8 @@
 """Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
 rewards), stored crash-safely, read back for inspection and training."""
 
-from envace_mcp.traces.importing import ImportSummary, MutationSummary, load_catalog, mutate_calls, read_log
+from envace_mcp.traces.importing import ImportSummary, load_catalog, read_log
+from envace_mcp.traces.mutating import MutationSummary, mutate_calls
 from envace_mcp.traces.recorder import RewardFunction, TraceRecorder, record_group, record_run, score
 from envace_mcp.traces.schema import SCHEMA_VERSION, Comparison, Reward, Step, Trace, read_trace
 from envace_mcp.traces.store import TraceStore, to_dataset

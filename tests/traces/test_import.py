@@ -17,7 +17,7 @@ import pytest
 from envace_mcp.errors import UserError
 from envace_mcp.toolbox import InProcessServer, Toolbox, ToolResult, ToolSpec, load_servers
 from envace_mcp.traces import TraceStore, load_catalog, mutate_calls, read_log
-from envace_mcp.traces.importing import HUGE, changes
+from envace_mcp.traces.mutating import HUGE, changes
 from probe_server import build as build_probe
 
 ROOT = Path(__file__).parents[2]
