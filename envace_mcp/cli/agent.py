@@ -148,7 +148,8 @@ def run_command(
 
     Each proposed call, its rehearsal, the gate's decision and the real result are shown, mismatches
     highlighted. Destructive calls wait for approval on the terminal (denied when stdin is no
-    terminal; --yes approves); the run ends with a summary."""
+    terminal; --yes approves); the run ends with a summary. A run that ends without an answer (its
+    turns spent, or the same call stopped three times) says why and exits with code 1."""
     run_limits = _limits(limits)  # every check of the command line before the gate is announced
     gate_config, adapter_folder = _agent_gate(gate, model, adapter, rehearse_adapter=rehearse_adapter)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, gate_config,
@@ -195,10 +196,13 @@ async def _run(task, servers, model, adapter, mode, rehearse, gate_config, limit
                                 (f"  ({final.get('status')}, {final.get('real_calls', 0)} real call(s), "
                                  f"{final.get('rehearsal_count', 0)} rehearsal(s))", "dim")))
     print_summary(console, final.get("rehearsals", []))
+    if final.get("final_answer") is None:  # a script or CI reading the exit code learns the task was not done
+        raise typer.Exit(1)
 
 
 def _answer(state: dict[str, Any]) -> Text:
-    """The run's answer, or why there is none (the turn budget ran out before the agent answered)."""
+    """The run's answer, or why there is none: the turns ran out, the same call kept being stopped (the
+    graph's `stop_reason`), or the run ended some other way before the agent answered."""
     answer = state.get("final_answer")
     if answer is not None:
         return safe(str(answer))
@@ -207,4 +211,6 @@ def _answer(state: dict[str, Any]) -> Text:
         return Text(f"none: the agent used its {steps} turn{'s' if steps != 1 else ''} without answering "
                     "(--limits max_steps=N)",
                     "yellow")
-    return Text("none", "yellow")
+    if state.get("stop_reason"):  # it quotes the model's arguments and the gate's reason: shown, never obeyed
+        return Text.assemble(("none — ", "yellow"), safe(str(state["stop_reason"]), "yellow"))
+    return Text("none: the run ended before the agent answered", "yellow")

@@ -16,7 +16,7 @@ from envace_mcp.graph.state import EnvaceContext, EnvaceState
 
 async def route_after_agent(state: EnvaceState) -> Literal["rehearse", "agent", "__end__"]:
     """Calls go to rehearsal; a format reminder goes back to the agent; anything else ends the run."""
-    if state.get("status") in ("finished", "max_steps"):
+    if state.get("status") in ("finished", "max_steps", "stalled"):
         return END
     message = last_ai(state["messages"])
     if message is not None and message.tool_calls:

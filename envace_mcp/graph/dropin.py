@@ -1,6 +1,8 @@
 """The rehearse → gate core as LangChain's tool-call hooks want it: one call at a time, wrapped
 around the handler that runs the real tool (`wrap_tool_call` / `awrap_tool_call`). Shared by
-`RehearsingToolNode` (a `ToolNode`) and `RehearsalMiddleware` (`create_agent`)."""
+`RehearsingToolNode` (a `ToolNode`) and `RehearsalMiddleware` (`create_agent`). A call the gate stops
+for the third time since the user's last message (`nodes._stalls`) is told it will not run: the reply
+says so, and `RehearsalMiddleware` ends the agent's loop there."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
 from envace_mcp.graph.acting import Acted, act_async, act_sync
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
-from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits, policy_gate
+from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits
+from envace_mcp.graph.trust import gate_for
 from envace_mcp.graph.nodes._common import emit
+from envace_mcp.graph.nodes._stalls import mark_repeats
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import ToolCall, context_sampling
 from envace_mcp.toolbox import ToolSpec
@@ -32,7 +36,7 @@ class ToolCallRehearsal:
                  approve: Callable[[calls.ApprovalRequest], Any] | None = None,
                  record_key: str | None = None, messages_key: str = "messages") -> None:
         self.policy = policy
-        self.gate = gate or policy_gate(policy)
+        self.gate = gate_for(policy, gate)
         self.limits = limits or RunLimits()
         self.sampling = context_sampling(policy).get("rehearse")
         """The rehearse role's sampling, as every run starts (`policy.types.context_sampling`)."""
@@ -134,8 +138,10 @@ class ToolCallRehearsal:
                 sampling=self.sampling)
             if generation is not None:
                 emit(request.runtime, "rehearse", generation, call_id=call.id)
-        return calls.gate([p], mode=self.mode, config=self.gate, real_calls=self._real_calls(request.state),
-                          max_real_calls=self.limits.max_real_calls, messages=self._messages(request.state), specs=self.specs)[0]
+        messages = self._messages(request.state)
+        decided = calls.gate([p], mode=self.mode, config=self.gate, real_calls=self._real_calls(request.state),
+                             max_real_calls=self.limits.max_real_calls, messages=messages, specs=self.specs)
+        return mark_repeats(messages, decided)[0]  # its call's third stop tells the agent it will never run
 
     def _real_calls(self, state: Any) -> int:
         """Calls of this run that reached a real tool, for `max_real_calls`: from the records in state, or,

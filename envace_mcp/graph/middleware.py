@@ -1,6 +1,7 @@
 """`RehearsalMiddleware` for `langchain.agents.create_agent` (needs the optional `langchain` package).
 
     agent = create_agent(model, tools=tools, middleware=[RehearsalMiddleware(policy, tools=tools)])
+    RehearsalMiddleware(policy, tools=tools, world_model="wm/mine")   # a world model fitted to your tools
 
 Every tool call the agent makes is rehearsed (per the gate's `rehearse` rule), gated, and only then
 handed to the real tool; calls the gate stops come back as error ToolMessages explaining why, with
@@ -25,6 +26,12 @@ The gate's own `require_approval` (by default: every destructive call) asks thro
 LangGraph's `interrupt()`, in LangChain's `ToolApprovalRequest` shape (create_agent runs each call as its
 own task, so resuming runs no call twice). Tool-call ids the model repeated are made unique right after
 the model (`after_model`), before any call is rehearsed, approved or run.
+
+A call the gate stops for the third time since the user's last message (same tool, same arguments) is
+answered "will not run: do not propose it again", and once one call was stopped three times (by the gate,
+or its approval refused) the agent's loop ends before its next model call (`before_model` jumps to the
+end), its state's `stop_reason` saying why: a model that keeps proposing a refused call would otherwise
+rehearse it until the agent's recursion limit.
 """
 
 from __future__ import annotations
@@ -42,13 +49,14 @@ from envace_mcp._sync import run_sync
 from envace_mcp.graph.dropin import ToolCallRehearsal
 from envace_mcp.graph.gate import GateConfig, Mode, RunLimits
 from envace_mcp.graph.memory import render_memory
+from envace_mcp.graph.nodes._stalls import stall
 from envace_mcp.graph.state import RehearsalRecord, upsert_records
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.prompts import MEMORY_HEADER
 from envace_mcp.policy.types import ToolCall
 
 try:
-    from langchain.agents.middleware import AgentMiddleware, AgentState
+    from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
 except ImportError as exc:  # pragma: no cover - depends on the optional extra
     raise UserError("RehearsalMiddleware needs `langchain` (pip install 'envace-mcp[langchain]')") from exc
 
@@ -57,6 +65,8 @@ class RehearsalState(AgentState):
     """The agent's state plus rehearsal memory."""
 
     rehearsals: NotRequired[Annotated[list[RehearsalRecord], upsert_records]]
+    stop_reason: NotRequired[str | None]
+    """Why the agent's loop was ended without an answer (one call kept being stopped); None otherwise."""
 
 
 class RehearsalMiddleware(AgentMiddleware):
@@ -66,8 +76,16 @@ class RehearsalMiddleware(AgentMiddleware):
 
     def __init__(self, policy: Policy, *, tools: list[Any] | None = None, gate: GateConfig | None = None,
                  limits: RunLimits | None = None, mode: Mode = "real",
-                 approve: Callable[[calls.ApprovalRequest], Any] | None = None, memory: bool = True) -> None:
+                 approve: Callable[[calls.ApprovalRequest], Any] | None = None, memory: bool = True,
+                 world_model: Any = None) -> None:
+        """`world_model`: who rehearses, when not `policy` itself: the folder of a world model fitted to your
+        tools (`envace world-model fit`; loaded on `policy`'s base model, its trust table read by the gate)
+        or another policy (`roles.with_world_model`)."""
         super().__init__()
+        if world_model is not None:
+            from envace_mcp.policy.roles import with_world_model
+
+            policy = with_world_model(policy, world_model)
         self.core = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                       record_key="rehearsals")
         self.prerehearse = tools is not None
@@ -87,6 +105,14 @@ class RehearsalMiddleware(AgentMiddleware):
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         return await handler(self._with_memory(request))
+
+    @hook_config(can_jump_to=["end"])
+    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return _stop_if_stalled(state)
+
+    @hook_config(can_jump_to=["end"])
+    async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return _stop_if_stalled(state)
 
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         state, update = _unique_ids(state)
@@ -115,6 +141,17 @@ class RehearsalMiddleware(AgentMiddleware):
         call = ToolCall(id=tool_call["id"], name=tool_call["name"], arguments=tool_call["args"])
         p = calls.Proposal.from_record(call, self.core.specs.get(call.name), {"prediction": record.get("prediction")})
         return "Tool execution requires approval\n" + calls.describe(p)
+
+
+def _stop_if_stalled(state: Any) -> dict[str, Any] | None:
+    """End the loop (`jump_to: end`) once one call was stopped three times since the user's last message
+    (`nodes._stalls`), saying why in `stop_reason`; clear an earlier request's reason otherwise."""
+    if not isinstance(state, dict):
+        return None
+    stalled = stall(list(state.get("messages") or []))
+    if stalled is not None:
+        return {"jump_to": "end", "stop_reason": str(stalled)}
+    return {"stop_reason": None} if state.get("stop_reason") else None
 
 
 def _unique_ids(state: Any) -> tuple[Any, dict[str, Any]]:

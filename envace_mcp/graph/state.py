@@ -19,7 +19,8 @@ from pydantic import PlainValidator, WithJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
 from envace_mcp.graph.calls import ApprovalRequest, RehearsalRecord
-from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, policy_gate
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits
+from envace_mcp.graph.trust import gate_for
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import Role, SamplingParams, context_sampling
 from envace_mcp.toolbox import ToolBackend, ToolSpec
@@ -63,7 +64,13 @@ class EnvaceState(TypedDict):
     real_calls: NotRequired[Annotated[int, operator.add]]
     rehearsal_count: NotRequired[Annotated[int, operator.add]]
     final_answer: NotRequired[str | None]
-    status: NotRequired[Literal["running", "finished", "max_steps"]]
+    status: NotRequired[Literal["running", "finished", "max_steps", "stalled"]]
+    """`max_steps`: the turns ran out; `stalled`: the same call was stopped (by the gate, or its approval refused)
+    `nodes._stalls.REPEATED_STOPS` times since the user's last message. Both end the run without an answer,
+    `stop_reason` says how."""
+    stop_reason: NotRequired[str | None]
+    """Why the run ended without an answer, for a person to read ("stopped: the agent proposed
+    delete_todo {"id": "t9"} 3 times and the gate stopped it each time: ..."); None once it answered."""
 
 
 @dataclass
@@ -99,8 +106,7 @@ class EnvaceContext:
     checkpointer)."""
 
     def __post_init__(self) -> None:
-        if self.gate is None:
-            self.gate = policy_gate(self.policy)
+        self.gate = gate_for(self.policy, self.gate)
         if self.sampling is None:
             self.sampling = context_sampling(self.policy)
 

@@ -11,6 +11,13 @@ It is a `ToolNode` (`handle_tool_errors`, `messages_key`, tool-runtime injection
 rehearsal record (prediction, gate decision and reason, real result, match score) in
 `additional_kwargs["envace_rehearsal"]`; with `record_key="rehearsals"` and a state channel of that
 name (reducer `envace_mcp.graph.state.upsert_records`) the records also land in state.
+
+A call the gate stops for the third time since the user's last message (same tool, same arguments) is
+answered "will not run: do not propose it again". A tool node cannot end your graph's loop; to end it
+there, as the EnvACE graph does, route on `stalled`:
+
+    tools = RehearsingToolNode(toolbox, policy, approve=...)
+    builder.add_conditional_edges("tools", lambda state: END if tools.stalled(state) else "agent")
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from langgraph.prebuilt import ToolNode
 
 from envace_mcp.errors import UserError
 from envace_mcp.graph.dropin import ToolCallRehearsal
-from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, policy_gate
+from envace_mcp.graph.nodes._stalls import stall
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits
+from envace_mcp.graph.trust import gate_for
 from envace_mcp.policy.base import Policy
 
 
@@ -39,8 +48,13 @@ class RehearsingToolNode(ToolNode):
     """
 
     def __init__(self, tools: Any, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
-                 mode: Mode = "real", approve: Any = None, record_key: str | None = None, **kwargs: Any) -> None:
-        gate = gate or policy_gate(policy)
+                 mode: Mode = "real", approve: Any = None, record_key: str | None = None, world_model: Any = None,
+                 **kwargs: Any) -> None:
+        if world_model is not None:  # a world model fitted to your tools rehearses (`roles.with_world_model`)
+            from envace_mcp.policy.roles import with_world_model
+
+            policy = with_world_model(policy, world_model)
+        gate = gate_for(policy, gate)
         if approve is None and (gate.require_approval != "never" or gate.approve_blocked):
             raise UserError(f"RehearsingToolNode: the gate asks before {gate.require_approval} calls, and a tool node "
                             "asks through `approve=` (a callable given the call and its rehearsed outcome): it runs all "
@@ -54,3 +68,10 @@ class RehearsingToolNode(ToolNode):
         self.rehearsal = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                            record_key=record_key, messages_key=kwargs.get("messages_key", "messages"))
         super().__init__(tools, wrap_tool_call=self.rehearsal.wrap, awrap_tool_call=self.rehearsal.awrap, **kwargs)
+
+    def stalled(self, state: Any) -> str | None:
+        """Why the run cannot progress, for a router after this node: one call (same tool, same arguments)
+        was stopped three times since the user's last message (by the gate, or its approval refused); None
+        while it can."""
+        stopped = stall(self.rehearsal._messages(state))
+        return None if stopped is None else str(stopped)

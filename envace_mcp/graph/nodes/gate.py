@@ -1,4 +1,5 @@
-"""gate: records the gate's decision for each proposed call (pure; see `envace_mcp.graph.gate`)."""
+"""gate: records the gate's decision for each proposed call (pure; see `envace_mcp.graph.gate`); a call
+stopped for the `REPEATED_STOPS`-th time since the user's last message says so in its reason."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from langgraph.types import Send
 
 from envace_mcp.graph import calls
 from envace_mcp.graph.nodes._common import last_ai
+from envace_mcp.graph.nodes._stalls import mark_repeats
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
 
 
@@ -23,6 +25,7 @@ def gate(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
     decided = calls.gate(proposed, mode=ctx.mode, config=ctx.gate, real_calls=state.get("real_calls", 0),
                          max_real_calls=ctx.limits.max_real_calls,
                          messages=_with_task(state), specs=specs)
+    decided = mark_repeats(state["messages"], decided)
     return {"rehearsals": [{"call_id": p.call.id, "decision": p.decision.action, "reason": p.decision.reason,
                             "gated_spec": p.gated_spec} for p in decided if p.decision is not None]}
 
