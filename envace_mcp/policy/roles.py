@@ -16,6 +16,7 @@ cached prefix, so every rehearsal prefills its whole prompt.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from envace_mcp.policy.types import (
@@ -69,3 +70,29 @@ class RolePolicies:
     def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
         """The act role as a LangChain chat model (as `PromptPolicy.as_chat_model`)."""
         return self.act_policy.as_chat_model(sampling=sampling)
+
+
+def with_world_model(policy: Any, world_model: Any) -> RolePolicies:
+    """`policy` acting and `world_model` rehearsing: a policy, or the folder of a world model fitted to your
+    tools (`envace world-model fit`), loaded on `policy`'s own base model. A folder must hold the trust
+    table its report wrote (`trust.json`): a world model nobody measured is not one the gate should read."""
+    if not isinstance(world_model, (str, Path)):
+        return RolePolicies(policy, world_model)
+    from envace_mcp.errors import UserError
+    from envace_mcp.graph.trust import TRUST_FILE, read_trust
+
+    folder = Path(world_model)
+    if not (folder / "adapter_config.json").is_file():
+        raise UserError(f"world model {str(folder)!r}: no adapter there (adapter_config.json); fit one with "
+                        "envace world-model fit --traces DIR --out DIR")
+    if read_trust(folder) is None:
+        raise UserError(f"world model {str(folder)!r} has no report ({TRUST_FILE}): measure it first, "
+                        f"envace world-model report --adapter {folder} --traces DIR (it writes the trust table there)")
+    source = getattr(policy, "model_source", None)
+    if source is None:
+        raise UserError("this policy does not say which base model it runs, so the world model cannot be loaded on "
+                        "it: pass world_model=load_policy(MODEL, adapter=FOLDER) instead of the folder")
+    from envace_mcp.policy import load_policy
+
+    rehearse = load_policy(None if source == "embedded" else str(source), adapter=str(folder))
+    return RolePolicies(policy, rehearse, name=f"{getattr(policy, 'name', 'policy')} + world model {folder}")

@@ -82,6 +82,9 @@ class TransformersPolicy(TokenPolicy):
         self._token_text: TokenText | None = None
         self.adapter_folder: str | Path | None = None
         """The LoRA adapter folder the weights were loaded with: its envace.json recommends a gate."""
+        self.model_source: str | None = None
+        """What `from_pretrained` loaded ("embedded", a Hugging Face id or folder): where a second adapter
+        (a world model, `roles.with_world_model`) is loaded again."""
 
     @classmethod
     def from_pretrained(
@@ -100,6 +103,7 @@ class TransformersPolicy(TokenPolicy):
         logs the choice; `ENVACE_DTYPE` pins it. float32 makes recorded logprobs match a float32
         trainer's recomputation most closely.
         """
+        source = "embedded" if model is None else str(model)
         if model is None:
             from envace_mcp.policy.embedded import EMBEDDED_NAME, embedded_model_dir
 
@@ -111,6 +115,7 @@ class TransformersPolicy(TokenPolicy):
             kwargs.setdefault(key, value)
         policy = cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
         policy.adapter_folder = adapter
+        policy.model_source = source
         return policy
 
     # ------------------------------------------------------------------ generation

@@ -90,3 +90,28 @@ def test_a_served_caller_cannot_replace_the_deployments_trust_table():
     deployed = GateConfig(trust={"delete_todo": ToolTrust(stop=True)})
     assert "trust table" in loosened(deployed, {"trust": {"delete_todo": {"stop": True, "skip_approval": True}}})
     assert "fewer calls" in loosened(GateConfig(), {"require_approval": "measured"})
+
+
+def test_the_shipped_world_model_is_trusted_on_the_bundled_tools_and_nowhere_else():
+    """Its gate was measured on bank and retail (docs/evidence.md): a user's own delete is asked about with
+    the prediction shown, no longer blocked because its rehearsal could not be read."""
+    from envace_mcp.policy.embedded import embedded_adapter
+
+    shipped = gate_for(_Policy(embedded_adapter()), GateConfig(require_approval="never", on_unusable="block"))
+    assert shipped.trust["transfer"].stop and shipped.trust["return_items"].stop
+    assert not any(t.skip_approval for t in shipped.trust.values())
+    assert decide(CALL, DELETE, GARBLED, mode="real", config=shipped).action == "execute"
+    transfer = ToolSpec.create(remote_name="transfer", server="bank", description="", input_schema={"type": "object"},
+                               output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+    assert decide(ToolCall(id="2", name="transfer", arguments={}), transfer, GARBLED, mode="real",
+                  config=shipped).action == "block"
+
+
+def test_a_world_model_folder_without_a_report_is_refused_in_one_line(tmp_path):
+    from envace_mcp.policy.roles import with_world_model
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(UserError, match="has no report \\(trust.json\\): measure it first, envace world-model report"):
+        with_world_model(_Policy(None), tmp_path)
+    with pytest.raises(UserError, match="no adapter there"):
+        with_world_model(_Policy(None), tmp_path / "missing")

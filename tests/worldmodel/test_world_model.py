@@ -74,12 +74,20 @@ def test_the_split_is_by_run_seeded_and_keeps_a_replayed_call_with_the_run_it_ca
     assert {c.episode for c in calls if c.request.call.id} >= {runs[0].run_id}
 
 
-def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_table(bank_calls, tiny_qwen3_dir, tmp_path):
-    out = tmp_path / "wm"
-    fitted = envace("world-model", "fit", "--traces", str(bank_calls), "--out", str(out), "--model", str(tiny_qwen3_dir),
-                    "--holdout", "0.25", "-c", "epochs=4,batch_size=4,lr=3e-3")
-    assert fitted.returncode == 0, fitted.stderr[-2000:]
-    assert "all tools" in fitted.stdout and "trust.json" in fitted.stdout
+@pytest.fixture(scope="module")
+def fitted(bank_calls, tiny_qwen3_dir, tmp_path_factory) -> tuple[Path, str]:
+    """A world model fitted with the CLI, and what the command printed."""
+    out = tmp_path_factory.mktemp("fitted") / "wm"
+    done = envace("world-model", "fit", "--traces", str(bank_calls), "--out", str(out), "--model", str(tiny_qwen3_dir),
+                  "--holdout", "0.25", "-c", "epochs=4,batch_size=4,lr=3e-3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out, done.stdout
+
+
+def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_table(fitted, bank_calls, tiny_qwen3_dir,
+                                                                                   tmp_path):
+    out, printed = fitted
+    assert "all tools" in printed and "trust.json" in printed
     report = json.loads((out / "report.json").read_text())
     setup = json.loads((out / "fit.json").read_text())
     assert report["overall"]["calls"] == setup["held_out_calls"] > 0 and len(setup["held_out_runs"]) == 3
@@ -126,3 +134,46 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_qwen3_dir, bank_calls):
     assert not (tmp_path / "o" / "adapter_config.json").exists()
     done = envace("world-model", "report", "--adapter", str(tmp_path / "missing"), "--traces", str(bank_calls))
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_table_decides(fitted, tiny_qwen3_dir):
+    """`RehearsalMiddleware(policy, tools=..., world_model=DIR)` in a `create_agent` agent on the real bank
+    server: the fitted folder rehearses, and what it predicts for a tool it earned no trust on is shown to
+    the approver, never acted on."""
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.policy.transformers import TransformersPolicy
+    from envace_mcp.toolbox import Toolbox
+
+    class Proposes(GenericFakeChatModel):
+        def bind_tools(self, tools, **kwargs):
+            return self
+
+    call = {"name": "transfer", "args": {"from_account_id": "CHK-1001", "to_account_id": "SAV-1001", "amount": 5},
+            "id": "c1"}
+    model = Proposes(messages=iter([AIMessage(content="", tool_calls=[call]), AIMessage(content="done")]))
+    asked = []
+
+    def approver(request):
+        asked.append(request)
+        return {"type": "reject", "message": "not now"}
+
+    policy = TransformersPolicy.from_pretrained(str(tiny_qwen3_dir), tool_format="compact", rehearse_format="inline")
+    folder, _ = fitted
+    async with Toolbox({"bank": get_suite("bank").build_server()}) as toolbox:
+        tools = toolbox.langchain_tools()
+        middleware = RehearsalMiddleware(policy, tools=tools, world_model=folder, approve=approver)
+        assert middleware.core.policy.rehearse_policy.adapter_folder == str(folder)
+        assert middleware.core.gate.trust is not None and "transfer" not in {
+            name for name, t in middleware.core.gate.trust.items() if t.stop}
+        out = await create_agent(model, tools=tools, middleware=[middleware]).ainvoke(
+            {"messages": [HumanMessage(content="Move 5 to savings")]})
+    record = out["rehearsals"][0]
+    assert record["prediction"] is not None and len(asked) == 1 and record["approved"] is False
+    assert "approval required" in record["reason"] and f"world model {folder}" in middleware.core.policy.name
+    if record["prediction"]["status"] != "result":  # whatever it predicts is shown, not acted on
+        assert "trust table" in record["reason"]
