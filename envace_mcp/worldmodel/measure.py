@@ -48,6 +48,8 @@ class Scored:
     tool: str
     failed: bool
     predicted: str  # "result" | "tool_error" | "invalid"
+    episode: str = ""
+    index: int = 0
     fields: dict[str, int] = field(default_factory=dict)
     nll: float = 0.0
     tokens: int = 0
@@ -112,8 +114,10 @@ def report(scored: list[Scored]) -> dict[str, Any]:
     for s in scored:
         tools.setdefault(s.tool, []).append(s)
     per_tool = {name: summarise(rows) for name, rows in sorted(tools.items())}
+    calls = [{"run": s.episode, "index": s.index, "tool": s.tool, "failed": s.failed, "predicted": s.predicted,
+              "nll_per_token": s.nll / s.tokens if s.tokens else None} for s in scored]
     return {"overall": summarise(scored), "tools": per_tool,
-            "trust": {name: trust_entry(figures) for name, figures in per_tool.items()}}
+            "trust": {name: trust_entry(figures) for name, figures in per_tool.items()}, "calls": calls}
 
 
 async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
@@ -138,7 +142,8 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
         logprobs = await asyncio.to_thread(policy.score, prompt_ids, target)
         if on_call is not None:
             on_call()
-        return Scored(call.tool, call.failed, predicted, fields, -sum(logprobs), len(target), generation.text or "")
+        return Scored(call.tool, call.failed, predicted, call.episode, call.index, fields, -sum(logprobs), len(target),
+                      generation.text or "")
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
 
