@@ -72,6 +72,9 @@ def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_ga
     agent, world = random_lora(tiny_qwen3_dir, tmp_path / "agent", 0), random_lora(tiny_qwen3_dir, tmp_path / "world", 1)
     (agent / "envace.json").write_text(json.dumps({"gate": {"block_destructive_on_unusable_rehearsal": True}}))
     (world / "envace.json").write_text(json.dumps({"gate": {"min_failure_confidence": 0.7}}))
+    unmeasured = run("run", "x", "--model", str(tiny_qwen3_dir), "--world-model", str(world))
+    assert unmeasured.returncode == 2 and "has no report (trust.json): measure it first" in unmeasured.stderr
+    (world / "trust.json").write_text(json.dumps({"tools": {"get_balance": {"stop": True}}}))
     out = run("run", "What is the balance of CHK-9995?", "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
               "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--limits", "max_steps=1",
               "--traces", str(tmp_path / "traces"), timeout=300)
@@ -80,6 +83,7 @@ def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_ga
     assert trace.model == f"{tiny_qwen3_dir} + rehearse adapter {world}"
     assert "gate from the rehearse adapter's envace.json: min_failure_confidence=0.7" in out.stdout
     assert trace.gate["min_failure_confidence"] == 0.7 and trace.gate["on_unusable"] == "allow"
+    assert trace.gate["trust"] == {"get_balance": {"stop": True, "skip_approval": False}}  # the world model's table
 
 
 def test_demo_over_http_for_retail():

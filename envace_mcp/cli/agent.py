@@ -151,6 +151,13 @@ def run_command(
     terminal; --yes approves); the run ends with a summary. A run that ends without an answer (its
     turns spent, or the same call stopped three times) says why and exits with code 1."""
     run_limits = _limits(limits)  # every check of the command line before the gate is announced
+    if rehearse_adapter is not None:
+        from envace_mcp.graph.trust import require_report
+
+        try:
+            require_report(rehearse_adapter)  # your agent reads a world model only as far as it was measured
+        except EnvaceError as exc:
+            _fail(exc)
     gate_config, adapter_folder = _agent_gate(gate, model, adapter, rehearse_adapter=rehearse_adapter)
     anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, gate_config,
               run_limits, _sampling(max_new_tokens), traces, yes, constrain_calls, rehearse_adapter)

@@ -69,6 +69,16 @@ def write_trust(folder: str | Path, tools: dict[str, dict[str, Any]], measured_o
     return path
 
 
+def require_report(folder: str | Path) -> dict[str, ToolTrust]:
+    """The trust table of a world model folder someone's agent is about to use; a folder without one is a
+    UserError saying how to measure it (a world model nobody measured is not one the gate should read)."""
+    table = read_trust(folder)
+    if table is None:
+        raise UserError(f"world model {str(folder)!r} has no report ({TRUST_FILE}): measure it first, "
+                        f"envace world-model report --adapter {folder} --traces DIR (it writes the trust table there)")
+    return table
+
+
 def trust_of(policy: Any) -> dict[str, ToolTrust] | None:
     """The trust table of the policy's world model (its rehearse adapter's folder), or None."""
     return read_trust(getattr(policy, "adapter_folder", None))

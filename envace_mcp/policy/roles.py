@@ -79,15 +79,13 @@ def with_world_model(policy: Any, world_model: Any) -> RolePolicies:
     if not isinstance(world_model, (str, Path)):
         return RolePolicies(policy, world_model)
     from envace_mcp.errors import UserError
-    from envace_mcp.graph.trust import TRUST_FILE, read_trust
+    from envace_mcp.graph.trust import require_report
 
     folder = Path(world_model)
     if not (folder / "adapter_config.json").is_file():
         raise UserError(f"world model {str(folder)!r}: no adapter there (adapter_config.json); fit one with "
                         "envace world-model fit --traces DIR --out DIR")
-    if read_trust(folder) is None:
-        raise UserError(f"world model {str(folder)!r} has no report ({TRUST_FILE}): measure it first, "
-                        f"envace world-model report --adapter {folder} --traces DIR (it writes the trust table there)")
+    require_report(folder)
     source = getattr(policy, "model_source", None)
     if source is None:
         raise UserError("this policy does not say which base model it runs, so the world model cannot be loaded on "
