@@ -86,16 +86,24 @@ def parse_text(text: str, model: type[BaseModel], where: str) -> dict[str, Any]:
             target, fields = target.setdefault(part, {}), sub
         if parts[-1] not in fields.model_fields and parts[-1] not in _legacy_keys(fields):
             raise UserError(f"{where}: {_unknown(parts[-1], fields)}")
-        target[parts[-1]] = _raw(raw.strip())
+        target[parts[-1]] = _raw(raw.strip(), fields.model_fields.get(parts[-1]))
     return given
 
 
-def _raw(raw: str) -> Any:
-    if raw.lower() in ("none", "null"):
+def _raw(raw: str, field: Any = None) -> Any:
+    """`none`/`null` is None only for a field that may be None: `rehearse=none` is the word a Literal takes."""
+    if raw.lower() in ("none", "null") and (field is None or _may_be_none(field.annotation)):
         return None
     if raw.startswith("[") and raw.endswith("]"):
         return [item.strip() for item in raw[1:-1].split(",") if item.strip()]
     return raw
+
+
+def _may_be_none(annotation: Any) -> bool:
+    import typing
+
+    return annotation is None or annotation is type(None) or annotation is Any or any(
+        _may_be_none(arg) for arg in typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Literal)
 
 
 def _nested(model: type[BaseModel], name: str) -> type[BaseModel] | None:

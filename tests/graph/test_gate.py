@@ -260,3 +260,12 @@ def test_the_evidence_rules_check_identifiers_of_destructive_calls_only_when_ask
     read = ToolSpec.create(remote_name="place_order", server="bank", description="", input_schema=schema,
                            output_schema=None, annotations=ToolAnnotations.from_hints({"readOnlyHint": True}))
     assert decide_({"account_id": "BRK-2"}, spec=read, **rules).action == "execute"  # reads are never blocked
+
+
+def test_none_typed_on_a_command_line_is_the_word_a_choice_takes_and_none_where_a_field_may_be_none():
+    """`--gate rehearse=none` was read as None and refused ("must be 'all', 'writes' or 'none', not None")."""
+    from envace_mcp.graph.gate import gate_text, limits_text
+
+    assert gate_text("rehearse=none", "--gate") == {"rehearse": "none"}
+    assert limits_text("max_real_calls=none,max_rehearsals=null", "--limits") == {"max_real_calls": None,
+                                                                                  "max_rehearsals": None}
