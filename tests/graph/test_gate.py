@@ -190,7 +190,7 @@ def test_key_value_text_is_typed_by_the_field_it_sets_and_run_limits_have_their_
         with pytest.raises(UserError, match=re.escape(says)):
             gate_text(text, "--gate")
     for text, says in [("max_steps=0", "--limits: max_steps must be greater than or equal to 1, not '0'"),
-                       ("max_steps=none", "--limits: max_steps must be a valid integer, not None"),
+                       ("max_steps=none", "--limits: max_steps must be a valid integer"),
                        ("max_real_calls=-1", "max_real_calls must be greater than or equal to 0"),
                        ("max_step=3", "unknown setting 'max_step'; did you mean 'max_steps'?")]:
         with pytest.raises(UserError, match=re.escape(says)):
