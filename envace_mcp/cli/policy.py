@@ -110,9 +110,10 @@ async def _policy_try(role, suite, task, tool, arguments, model, adapter) -> Non
             examples.append(Example(action.tool, action.arguments, result.text))
         call = ToolCall(id="try", name=name, arguments=call_args)
         spec = toolbox.catalog.get(name)
-        gen = await policy.rehearse(RehearseRequest(call=call, tool=spec, allowed=catalog, history=history,
-                                                    act_message=tool_call_text(name, call_args), examples=examples),
-                                    sampling["rehearse"])
+        with console.status(Text.assemble("rehearsing ", safe(name), " …")):
+            gen = await policy.rehearse(RehearseRequest(call=call, tool=spec, allowed=catalog, history=history,
+                                                        act_message=tool_call_text(name, call_args), examples=examples),
+                                        sampling["rehearse"])
         real = await scope.call(name, call_args)
     console.print(Text.assemble("call: ", safe(tool_call_text(name, call_args), newlines=True)))
     console.print(Columns([_predicted(gen, policy), _observed(real, suite.name)]))
@@ -174,9 +175,11 @@ async def _try_own(servers: Path, name: str, arguments: dict[str, Any], model: s
                 _fail(ValueError(_unknown_tool(name, toolbox.catalog.names)))
             policy = _load(model, adapter)
             call = ToolCall(id="try", name=name, arguments=arguments)
-            gen = await policy.rehearse(RehearseRequest(call=call, tool=spec, allowed=list(toolbox.catalog),
-                                                        act_message=tool_call_text(name, arguments)),
-                                        run_sampling()["rehearse"])
+            with console.status(Text.assemble("rehearsing ", safe(name), " (up to 400 tokens: minutes on a CPU for a tool "
+                                              "it never saw) …")):
+                gen = await policy.rehearse(RehearseRequest(call=call, tool=spec, allowed=list(toolbox.catalog),
+                                                            act_message=tool_call_text(name, arguments)),
+                                            run_sampling()["rehearse"])
             console.print(Text.assemble("call: ", inline_call(name, arguments), "  on ", safe(spec.server, "bold"),
                                         " (", _flags(spec), ")"))
             # `sandbox` read so: a config without the field (older envace) counts as no sandbox

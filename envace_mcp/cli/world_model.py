@@ -61,6 +61,9 @@ def fit_command(
         except EnvaceError as exc:
             _fail(exc)
     show(result, f"held-out calls of {traces}")
+    if result["overall"]["calls"] < 30:
+        console.print(f"only {result['overall']['calls']} held-out calls: these figures say little, and no tool earns trust "
+                      "on so few (record or import more runs)")
     console.print(f"saved to {out} (report.json, report.png, trust.json); use it with --world-model {out}")
 
 
@@ -72,8 +75,9 @@ def report_command(
                                                                       "go (default: the adapter folder)")] = None,
     model: Annotated[Optional[str], typer.Option(callback=_model_name, help="its base model (default: embedded SmolLM2)")] = None,
 ) -> None:
-    """Measure a world model on recorded calls, tool by tool: the held-out runs of its own fit when the
-    folder is the one it was fitted on, every call otherwise."""
+    """Measure a world model on recorded calls, tool by tool: every call of a run it never trained on (its
+    fit.json lists the runs it did). Without --out the report and trust table go into the adapter folder,
+    which must not have a trust table yet."""
     from envace_mcp.worldmodel.fit import FIT_FILE, read_calls
 
     try:
@@ -81,14 +85,19 @@ def report_command(
     except EnvaceError as exc:
         _fail(exc)
     fitted = _fit_of(Path(adapter))
-    held = set(fitted.get("held_out_runs") or []) if _same(fitted.get("traces"), traces) else set()
-    if held:
-        calls = [c for c in calls if c.episode in held]
-        what = f"the {len(held)} runs held out when it was fitted"
-    else:
-        what = "every call (none of these runs trained it, as far as its fit.json says)" if fitted else "every call"
-    if not calls:
-        _fail(ValueError(f"{traces}: none of the runs held out in {Path(adapter) / FIT_FILE} is here"))
+    trained = set(fitted.get("trained_runs") or [])
+    if not trained and _same(fitted.get("traces"), traces):  # a fit.json from before it listed its training runs
+        trained = {c.episode for c in calls} - set(fitted.get("held_out_runs") or [])
+    unseen = [c for c in calls if c.episode not in trained]
+    if not unseen:
+        _fail(ValueError(f"{traces}: every run here trained this world model ({Path(adapter) / FIT_FILE}); "
+                         "measure it on runs it never saw"))
+    what = (f"{len(unseen)} calls of runs it never trained on (left out: {len(calls) - len(unseen)} of runs it did)"
+            if len(unseen) < len(calls) else f"{len(calls)} calls")
+    calls = unseen
+    if out is None and (Path(adapter) / "trust.json").exists():
+        _fail(ValueError(f"{adapter} already has a trust table (from its fit or an earlier report): pass --out DIR "
+                         f"for this report, or --out {adapter} to replace the table the gate reads"))
     target = out or Path(adapter)
     with _holding(target):
         try:

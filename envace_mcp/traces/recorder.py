@@ -151,7 +151,9 @@ class TraceRecorder:
             answer = str(last.content) if last is not None and not last.tool_calls else None
         self.trace.final_answer = answer
         self.trace.status = status or ("interrupted" if self._interrupted else "finished")
-        self.trace.error = error if error is not None else state.get("stop_reason")  # why a run ended early
+        self.trace.error = error
+        if state.get("stop_reason"):  # why a run ended without an answer (its turns spent, one call stopped again and again)
+            self.trace.metadata = {**self.trace.metadata, "stop_reason": state["stop_reason"]}
         self.trace.ended_at = time.time()
         if self.trace.task is None:
             self.trace.task = state.get("task") or next(

@@ -53,7 +53,8 @@ def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | Non
         raise UserError(f"cannot hold out {holdout:.0%} of {runs} run(s) and train on the rest: need at least two "
                         "runs with real calls, and holdout between 0 and 1")
     return train, held, {"seed": seed, "holdout": holdout, "runs": len(train_runs) + len(held_runs),
-                         "held_out_runs": sorted(held_runs), "training_calls": len(train), "held_out_calls": len(held)}
+                         "held_out_runs": sorted(held_runs), "trained_runs": sorted({c.episode for c in train}),
+                         "training_calls": len(train), "held_out_calls": len(held)}
 
 
 def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
@@ -170,10 +171,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
         xs = [j + i * width for j in range(len(tools))]
         ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
         for x, v in zip(xs, values):
-            if v is None:
-                ax.text(x, 0.01, "n/a", rotation=90, fontsize=6, ha="center", va="bottom")
+            if v is None or v == 0:  # nothing to measure, or measured and none right: both said, not left blank
+                ax.text(x, 0.01, "n/a" if v is None else "0", rotation=90, fontsize=7, ha="center", va="bottom")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tools))])
-    ax.set_xticklabels([f"{t}\n({result['tools'][t]['calls']} calls)" for t in tools], fontsize=8)
+    ax.set_xticklabels([f"{t}\n({result['tools'][t]['calls']} call{'s' * (result['tools'][t]['calls'] != 1)})"
+                        for t in tools], fontsize=8)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("on held-out calls")
     overall = result["overall"]

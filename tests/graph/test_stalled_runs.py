@@ -56,7 +56,7 @@ async def test_a_call_the_gate_stops_a_third_time_ends_the_run_with_the_reason_i
     assert [role for role, _ in policy.calls] == ["act", "rehearse"] * 3
     assert server.todos == TODOS  # nothing reached the server
     assert [s.decision for s in trace.steps_of("gate")] == ["block"] * 3 and len(trace.steps_of("rehearse")) == 3
-    assert trace.final_answer is None and trace.error == STOPPED
+    assert trace.final_answer is None and trace.metadata["stop_reason"] == STOPPED and trace.error is None
     first, _, third = trace.steps_of("tool")
     assert first.reason == GATE_REASON  # the first two stops are the gate's own
     assert third.reason == f"{GATE_REASON}. {WILL_NOT_RUN}"  # the third says the run stops on it

@@ -103,7 +103,16 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
     again = envace("world-model", "report", "--adapter", str(out), "--traces", str(bank_calls),
                    "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "held out when it was fitted" in again.stdout
+    assert "calls of runs it never trained on (left out:" in again.stdout
+    import shutil
+
+    copy = shutil.copytree(bank_calls, tmp_path / "copy")  # another path: its runs are still known by id
+    refused = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir))
+    assert refused.returncode == 2 and "already has a trust table" in refused.stderr  # nothing overwritten unasked
+    moved = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir),
+                   "--out", str(tmp_path / "moved"))
+    assert moved.returncode == 0 and json.loads((tmp_path / "moved" / "report.json").read_text())["overall"]["calls"] == \
+        setup["held_out_calls"]  # the runs it trained on are left out wherever the folder lies
     assert json.loads((tmp_path / "again" / "report.json").read_text())["overall"]["calls"] == setup["held_out_calls"]
     from envace_mcp.policy.transformers import TransformersPolicy
     from envace_mcp.train.sft import rehearse_target, target_encoding
