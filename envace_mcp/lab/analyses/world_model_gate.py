@@ -56,19 +56,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("reports", nargs="+", help="LABEL=FOLDER of `envace world-model report` output")
     args = parser.parse_args(argv)
     tools = kinds(args.traces)
-    print("| gate | failed writes stopped | succeeded writes stopped | destructive calls asked |")
+    print("| gate | failed writes stopped without a person | succeeded writes stopped wrongly | destructive writes asked |")
     print("|---|---|---|---|")
-    first = None
     for item in args.reports:
         label, _, folder = item.partition("=")
         v = gate_value(folder, tools)
-        first = first or v
-        print(f"| {label} | {v['failed_stopped']} of {v['failed_writes']} | {v['ok_stopped']} of {v['ok_writes']} | "
-              f"0 (with require_approval=never) |")
-    if first is not None:
-        print(f"| annotations alone (require_approval=destructive) | 0 without a person | 0 without a person | "
-              f"{first['destructive_asked']} of {first['failed_writes'] + first['ok_writes']} writes |")
-
+        print(f"| {label}, as its trust table says | {v['failed_stopped']} of {v['failed_writes']} | "
+              f"{v['ok_stopped']} of {v['ok_writes']} | {v['destructive_asked']} (require_approval=destructive) |")
+    print(f"| annotations alone | 0 | 0 | {v['destructive_asked']} of {v['failed_writes'] + v['ok_writes']} writes |")
 
 if __name__ == "__main__":
     main()
