@@ -14,8 +14,7 @@ from envace_mcp.envs.suites import TaskSuite
 from envace_mcp.envs.task import CheckResult, Task
 from envace_mcp.errors import UserError
 from envace_mcp.graph import EnvaceContext, GateConfig, RunLimits, create_envace_graph
-from envace_mcp.graph.trust import gate_for
-from envace_mcp.graph.gate import UNATTENDED, Mode
+from envace_mcp.graph.gate import UNATTENDED, Mode, gate_for
 from envace_mcp.graph.state import Approver
 from envace_mcp.graph.tts import Attempt, condense, imagine
 from envace_mcp.policy.base import Policy

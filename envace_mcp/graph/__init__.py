@@ -7,13 +7,14 @@ from envace_mcp.graph.gate import (
     GateConfig,
     RunLimits,
     adapter_gate,
+    gate_for,
     policy_gate,
     decide,
     should_rehearse,
 )
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import EnvaceContext, EnvaceState, RehearsalRecord
-from envace_mcp.graph.trust import ToolTrust, gate_for, read_trust
+from envace_mcp.graph.trust import ToolTrust, read_trust
 
 __all__ = [
     "create_envace_graph",

@@ -17,8 +17,7 @@ from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
 from envace_mcp.graph.acting import Acted, act_async, act_sync
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
-from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits
-from envace_mcp.graph.trust import gate_for
+from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.graph.nodes._common import emit
 from envace_mcp.graph.nodes._stalls import mark_repeats
 from envace_mcp.policy.base import Policy

@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from envace_mcp.config import Settings, build, parse_text
 from envace_mcp.errors import UserError
-from envace_mcp.graph.trust import ToolTrust
+from envace_mcp.graph.trust import ToolTrust, trust_of
 from envace_mcp.policy.types import Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
 
@@ -208,6 +208,17 @@ def policy_gate(policy: Any, **settings: Any) -> GateConfig:
     when no gate is given, so each measures and runs the same configuration."""
     return build(GateConfig, adapter_gate(getattr(policy, "adapter_folder", None)), settings,
                  where="the gate settings")
+
+
+def gate_for(policy: Any, gate: GateConfig | None = None) -> GateConfig:
+    """The gate a run with `policy` uses: `gate`, or `policy_gate(policy)` when None; either way with the
+    world model's trust table unless the gate already carries one. Every entry point resolves its gate here."""
+    gate = gate if gate is not None else policy_gate(policy)
+    if gate.trust is None:
+        table = trust_of(policy)
+        if table is not None:
+            gate = gate.model_copy(update={"trust": table})
+    return gate
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,12 @@ from envace_mcp.graph.gate import (
     Mode,
     RunLimits,
     adapter_gate,
+    gate_for,
     gate_settings,
     gate_text,
     limits_settings,
     limits_text,
 )
-from envace_mcp.graph.trust import gate_for
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import context_sampling
 from envace_mcp.policy.embedded import default_adapter

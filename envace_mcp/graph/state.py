@@ -19,8 +19,7 @@ from pydantic import PlainValidator, WithJsonSchema
 from typing_extensions import NotRequired, TypedDict
 
 from envace_mcp.graph.calls import ApprovalRequest, RehearsalRecord
-from envace_mcp.graph.gate import GateConfig, Mode, RunLimits
-from envace_mcp.graph.trust import gate_for
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import Role, SamplingParams, context_sampling
 from envace_mcp.toolbox import ToolBackend, ToolSpec

@@ -29,8 +29,7 @@ from langgraph.prebuilt import ToolNode
 from envace_mcp.errors import UserError
 from envace_mcp.graph.dropin import ToolCallRehearsal
 from envace_mcp.graph.nodes._stalls import stall
-from envace_mcp.graph.gate import GateConfig, Mode, RunLimits
-from envace_mcp.graph.trust import gate_for
+from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.policy.base import Policy
 
 

@@ -15,7 +15,7 @@ With a table, a tool it does not name (one the world model never saw) is untrust
 still made and shown (to an approver, in the trace, to the agent's memory), never acted on alone. A
 world model without a table (a bare model, a research adapter) is acted on as the gate's settings say.
 The table is data the gate reads, like its settings: `GateConfig.trust`, filled from the policy's
-adapter by `gate_for`, so the graph, the tool node, the middleware and the served graph apply it alike.
+adapter by `gate.gate_for`, so the graph, the tool node, the middleware and the served graph apply it alike.
 """
 
 from __future__ import annotations
@@ -82,17 +82,3 @@ def require_report(folder: str | Path) -> dict[str, ToolTrust]:
 def trust_of(policy: Any) -> dict[str, ToolTrust] | None:
     """The trust table of the policy's world model (its rehearse adapter's folder), or None."""
     return read_trust(getattr(policy, "adapter_folder", None))
-
-
-def gate_for(policy: Any, gate: Any = None) -> Any:
-    """The gate a run with `policy` uses: `gate`, or `policy_gate(policy)` when None; either way with the
-    world model's trust table unless the gate already carries one. Every entry point resolves its gate here."""
-    from envace_mcp.graph.gate import policy_gate
-
-    gate = gate if gate is not None else policy_gate(policy)
-    if gate.trust is None:
-        table = trust_of(policy)
-        if table is not None:
-            gate = gate.model_copy(update={"trust": table})
-    return gate
-
