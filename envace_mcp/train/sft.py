@@ -54,12 +54,18 @@ def real_result_text(result: dict[str, Any]) -> str:
 
 def rehearse_target(result: dict[str, Any], step: Any) -> str:
     """What a rehearse step should have written, given the call's real result (`ToolResult` JSON)."""
-    if getattr(step, "format", None) != "inline":
+    return reply_target(result, getattr(step, "format", None), getattr(step, "close", None))
+
+
+def reply_target(result: dict[str, Any], fmt: str | None, close: str | None = None) -> str:
+    """The real result as a rehearsal in prompt format `fmt` writes it: `<execution_result>` JSON for the
+    simulator prompt; for an inline one the reply as the tool turn shows it, closed by `close`."""
+    if fmt != "inline":
         return real_result_text(result)
     from envace_mcp.policy.prompts import clip_output
     from envace_mcp.toolbox import ToolResult
 
-    return clip_output(ToolResult.text_of(result)) + (step.close or "")  # as the next act prompt shows it
+    return clip_output(ToolResult.text_of(result)) + (close or "")  # as the next act prompt shows it
 
 
 def target_encoding(tokenizer: Any) -> tuple[Callable[[str], list[int]], int]:

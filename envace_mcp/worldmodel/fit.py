@@ -61,14 +61,13 @@ def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
     """SFT rows (rehearse prompt → the real reply, closed as the template closes a tool turn) and how many
     calls were left out because prompt and reply do not fit the model's context."""
     from envace_mcp.train.rows import Segment
-    from envace_mcp.train.sft import rehearse_target, target_encoding
-    from envace_mcp.worldmodel.measure import _Format
+    from envace_mcp.train.sft import reply_target, target_encoding
 
     encode, end = target_encoding(policy.tokenizer)
     rows, too_long = [], 0
     for call in calls:
         prompt, close = policy.rehearse_prompt(call.request)
-        target = encode(rehearse_target(call.result, _Format(policy.rehearse_format, close))) + [end]
+        target = encode(reply_target(call.result, policy.rehearse_format, close)) + [end]
         if policy.context_window is not None and len(prompt) + len(target) > policy.context_window:
             too_long += 1
             continue

@@ -124,10 +124,9 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
                       on_call: Callable[[], None] | None = None) -> list[Scored]:
     """Rehearse each call with `policy` (a token policy: transformers or vLLM) as a run would, and score
     its real reply teacher-forced. Rehearsals go out together (the engine batches them)."""
-    from envace_mcp.train.sft import rehearse_target, target_encoding
+    from envace_mcp.train.sft import reply_target, target_encoding
 
     encode, end = target_encoding(policy.tokenizer)
-    fmt = policy.rehearse_format
 
     async def one(call: Observed) -> Scored:
         generation = await policy.rehearse(call.request, sampling)
@@ -137,23 +136,15 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
         if not call.failed:
             guess = prediction.result if predicted == "result" else None
             fields = field_split(guess, call.value, call.request.call.arguments, call.earlier)
-        prompt_ids, close = policy.rehearse_prompt(call.request)
-        target = encode(rehearse_target(call.result, _Format(fmt, close))) + [end]
-        logprobs = await asyncio.to_thread(policy.score, prompt_ids, target)
+        # scored under the very prompt the rehearsal answered, closed as its template closes a tool turn
+        target = encode(reply_target(call.result, generation.prompt_format, generation.turn_close)) + [end]
+        logprobs = await asyncio.to_thread(policy.score, generation.prompt_ids, target)
         if on_call is not None:
             on_call()
         return Scored(call.tool, call.failed, predicted, call.episode, call.index, fields, -sum(logprobs), len(target),
                       generation.text or "")
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
-
-
-@dataclass
-class _Format:
-    """What `rehearse_target` reads of a rehearse step."""
-
-    format: str
-    close: str
 
 
 def finite(value: Any) -> Any:

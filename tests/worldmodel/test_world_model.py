@@ -115,9 +115,8 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
         setup["held_out_calls"]  # the runs it trained on are left out wherever the folder lies
     assert json.loads((tmp_path / "again" / "report.json").read_text())["overall"]["calls"] == setup["held_out_calls"]
     from envace_mcp.policy.transformers import TransformersPolicy
-    from envace_mcp.train.sft import rehearse_target, target_encoding
+    from envace_mcp.train.sft import reply_target, target_encoding
     from envace_mcp.worldmodel import read_calls
-    from envace_mcp.worldmodel.measure import _Format
 
     _, calls, _ = read_calls(bank_calls)
     held = [c for c in calls if c.episode in set(setup["held_out_runs"])]
@@ -126,7 +125,7 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
     nll = tokens = 0.0
     for call in held:
         prompt, close = bare.rehearse_prompt(call.request)
-        target = encode(rehearse_target(call.result, _Format("inline", close))) + [end]
+        target = encode(reply_target(call.result, "inline", close)) + [end]
         nll, tokens = nll - sum(bare.score(prompt, target)), tokens + len(target)
     assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
 
