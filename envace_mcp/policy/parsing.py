@@ -21,7 +21,6 @@ from typing import Any
 
 from envace_mcp.policy.types import ActOutput, Critique, ParseIssue, Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
-from envace_mcp.toolbox.validation import ArgumentValidator
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.S)
@@ -222,9 +221,10 @@ def parse_prediction(text: str, call: ToolCall, tool: ToolSpec | None) -> Predic
 def _predicted(value: Any, repaired: bool, call: ToolCall, tool: ToolSpec | None) -> Prediction:
     """A parsed rehearsal value as a prediction: a predicted `error_tool_call`, or a result checked
     against the tool's output schema (both rehearse formats)."""
-    # MCP output schemas describe objects; a tool without one may answer anything (τ²'s `calculate`
-    # returns a number, `transfer_to_human_agents` a sentence, a search an empty list).
-    structured = tool is not None and bool(tool.output_schema)
+    # An output schema describing an object (as every 2025 one does) wants a non-empty object; since
+    # 2026-07-28 one may describe any JSON value, which the schema check below judges. A tool without
+    # one may answer anything (τ²'s `calculate` returns a number, a search an empty list).
+    structured = tool is not None and _wants_object(tool.output_schema)
     if value is None or (structured and (not isinstance(value, dict) or not value)):
         return _invalid(call, "WRONG_TYPE", "the execution result must be a non-empty JSON object"
                         if structured else "the execution result must not be null", result=value, repaired=repaired)
@@ -235,14 +235,23 @@ def _predicted(value: Any, repaired: bool, call: ToolCall, tool: ToolSpec | None
         return Prediction(tool=call.name, arguments=call.arguments, status="tool_error",
                           code=code if code in KNOWN_TOOL_ERROR_CODES else code, message=str(error.get("message", "")),
                           details=error.get("details"), result=value, repaired=repaired)
-    if tool is not None and tool.output_schema:
-        problems = ArgumentValidator(tool.output_schema).errors(value)
+    validator = tool.output_validator if tool is not None else None
+    if validator is not None:
+        problems = validator.errors(value)
         if problems:
             first = problems[0]
             return _invalid(call, "OUTPUT_SCHEMA_MISMATCH",
                             f"field '{first['field']}': {first['message']}" if first["field"] else first["message"],
                             result=value, repaired=repaired)
     return Prediction(tool=call.name, arguments=call.arguments, status="result", result=value, repaired=repaired)
+
+
+def _wants_object(schema: Any) -> bool:
+    """Whether an output schema describes objects only (`type: object`, or properties without a type)."""
+    if not isinstance(schema, dict) or not schema:
+        return False
+    kind = schema.get("type")
+    return kind == "object" or (kind is None and "properties" in schema)
 
 
 def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str = "") -> Prediction:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envace_mcp.errors import UserError
-from envace_mcp.toolbox.validation import ArgumentValidator
+from envace_mcp.toolbox.validation import ArgumentValidator, SchemaValidator
 
 # What one server's listing may add to every act and rehearse prompt. Tool replies are clipped
 # (`prompts.TOOL_OUTPUT_CHARS`); without these, one 1 MB description made a 1.8 MB act request and a
@@ -156,6 +156,13 @@ class ToolSpec:
         return cls.create(remote_name=str(data.get("remote_name") or data["name"]), server=str(data.get("server") or ""),
                           description=description if isinstance(description, str) else None, input_schema=schema,
                           output_schema=output, annotations=ToolAnnotations.from_hints(hints), name=data["name"])
+
+    @functools.cached_property
+    def output_validator(self) -> SchemaValidator | None:
+        """The output schema's validator (any JSON value: 2026-07-28 allows arrays, strings, numbers,
+        null as structured content), or `None` when the tool has no output schema. Built on first use:
+        only rehearsals and result checks need it."""
+        return SchemaValidator(self.output_schema) if self.output_schema is not None else None
 
     def renamed(self, name: str) -> ToolSpec:
         return replace(self, name=name)

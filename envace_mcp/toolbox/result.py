@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died", "tool_error", "denied",
-                    "tool_changed"]
+                    "tool_changed", "input_required"]
 """Why a result is an error.
 
 - `invalid_arguments`: the arguments violate the tool's input schema; the server was not called.
@@ -19,6 +19,8 @@ ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died
 - `denied`: the tool is excluded by the server's allow/deny lists; the server was not called.
 - `tool_changed`: the call carried the catalog entry it was gated by (`expect`) and the live entry of
   that name is another tool now (a server restarted with another listing); the server was not called.
+- `input_required`: the server asked questions before it can finish (`input_required`); not finished
+  until `Toolbox.respond` sends the answers.
 """
 
 
@@ -37,10 +39,18 @@ class ToolResult(BaseModel):
     arguments: dict[str, Any] | Any = Field(default_factory=dict)
     content: list[dict[str, Any]] = Field(default_factory=list)
     """MCP content blocks as JSON objects (`{"type": "text", "text": ...}`, images, resources)."""
-    structured_content: dict[str, Any] | None = None
+    structured_content: Any = None
+    """Any JSON value since MCP 2026-07-28 (an array, a string, a number, an object; 2025 revisions
+    allowed objects only). `None` when the result had none: a server's explicit `null` reads the same."""
     is_error: bool = False
     error_kind: ErrorKind | None = None
     latency_s: float = 0.0
+    input_required: dict[str, Any] | None = None
+    """The server's questions when it asked before finishing (`toolbox.asking.InputRequired` JSON)."""
+    task: dict[str, Any] | None = None
+    """When the server ran the call as a task (MCP tasks extension): its life as `toolbox.tasks.TaskLife`
+    JSON — `task_id`, `statuses` ([status, seconds since creation] pairs), `polls`, `final_status`,
+    `cancel_sent`. The result itself is always the task's final one, never its handle."""
 
     @property
     def text(self) -> str:

@@ -91,6 +91,17 @@ class ToolboxScope:
         checked = {"expect": expect} if expect is not None else {}
         return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None, **checked)
 
+    async def respond(self, waiting: ToolResult, answers: Mapping[str, Any], *, timeout: float | None = None,
+                      expect: ToolSpec | None = None, max_rounds: int | None = None) -> ToolResult:
+        """The toolbox's `respond` with this view's meta (`waiting` already holds the arguments sent)."""
+        _, refused = self._arguments(waiting.tool, waiting.arguments)
+        if refused is None:
+            expect, refused = self._expected(waiting.tool, waiting.arguments, expect)
+        if refused is not None:
+            return refused
+        return await self.toolbox.respond(waiting, answers, timeout=timeout, meta=self.meta or None, expect=expect,
+                                          max_rounds=max_rounds)
+
     def scoped(self, meta: Mapping[str, Any] | None = None, *, bind: Mapping[str, Any] | None = None,
                hide: Iterable[str] = ()) -> ToolboxScope:
         """A narrower view: this scope's meta, bindings and hidden tools plus the given ones."""

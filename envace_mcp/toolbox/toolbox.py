@@ -25,6 +25,8 @@ from mcp.types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
 from envace_mcp.errors import UserError
+from envace_mcp.toolbox import tasks
+from envace_mcp.toolbox import asking
 from envace_mcp.toolbox._connection import Connection, ServerStartError, _describe
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec, bound_catalog, name_tools
 from envace_mcp.toolbox.config import ServerSpec, load_servers
@@ -64,6 +66,7 @@ class Toolbox:
             unless it is `required` or no server starts at all: then opening fails.
         capture_stderr: write stdio servers' stderr to a log file (its tail is quoted in
             `server_died` errors) instead of this process's stderr.
+        max_input_rounds: rounds of questions one call may ask (`respond`) before it ends as an error.
     """
 
     def __init__(
@@ -74,12 +77,14 @@ class Toolbox:
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT_S,
         capture_stderr: bool = True,
         client_name: str = "envace-mcp",
+        max_input_rounds: int = asking.MAX_INPUT_ROUNDS,
     ) -> None:
         _check_timeout(timeout)
         _check_timeout(startup_timeout)
         self.specs: dict[str, ServerSpec] = load_servers(servers)
         self.timeout = timeout
         self.startup_timeout = startup_timeout
+        self.max_input_rounds = max_input_rounds
         self._problems: list[str] = []
         self._connections = {
             name: Connection(name, spec, client_name=client_name, capture_stderr=capture_stderr,
@@ -181,11 +186,24 @@ class Toolbox:
 
     # ------------------------------------------------------------------ catalog
 
+    def _refresh_moved(self) -> None:
+        """Rebuild the catalog for live servers whose listing changed since (a restart, or a re-list after
+        the server said its tools changed)."""
+        for server, conn in self._connections.items():
+            if conn.alive and self._built_from.get(server) != conn.generation:
+                self._refresh(server)
+
     @property
     def catalog(self) -> ToolCatalog:
         """Every allowed tool of every server, named as the model should call them."""
         self._require_open()
+        self._refresh_moved()
         return self._catalog
+
+    def protocol(self, server: str) -> str | None:
+        """The protocol revision `server`'s session negotiated: "2026-07-28" for a stateless server,
+        a 2025 revision for one that needed the initialize handshake; None while it is down."""
+        return self._connections[server].protocol_version
 
     @property
     def servers(self) -> list[str]:
@@ -258,14 +276,50 @@ class Toolbox:
         coro = self._call(name, {} if arguments is None else arguments, timeout, meta, expect)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    async def respond(
+        self,
+        waiting: ToolResult,
+        answers: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
+        expect: ToolSpec | None = None,
+        max_rounds: int | None = None,
+    ) -> ToolResult:
+        """Continue a call whose server asked (`waiting.error_kind == "input_required"`) with `answers`, one
+        per question key (`asking.Answer`: accept with content, decline, cancel). The server gets the call
+        again with the answers and its own state; the result is the call's, or its next questions. A server
+        still asking after `max_rounds` rounds (default: the toolbox's `max_input_rounds`) ends the call
+        with an error. Answers that do not fit the questions raise `UserError` and send nothing, so the
+        same `waiting` result can be answered again."""
+        self._require_open()
+        _check_timeout(timeout)
+        if waiting.input_required is None:
+            raise UserError(f"the result of tool {waiting.tool!r} is not waiting for answers")
+        pending = waiting.input_required
+        try:
+            checked = asking.read_answers(pending["questions"], answers)
+        except asking.AskingError as exc:
+            raise UserError(f"answers to tool {waiting.tool!r}: {exc}") from None
+        resume = asking.Resume(checked, pending["request_state"], pending["round"],
+                               max_rounds if max_rounds is not None else self.max_input_rounds)
+        coro = self._call(waiting.tool, waiting.arguments, timeout, meta, expect, resume)
+        if self._on_own_loop():
+            return await coro
+        assert self._loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
     async def _call(self, name: str, arguments: Any, timeout: float | None, meta: Mapping[str, Any] | None,
-                    expect: ToolSpec | None = None) -> ToolResult:
+                    expect: ToolSpec | None = None, resume: asking.Resume | None = None) -> ToolResult:
         started = time.perf_counter()
         # Route: find the entry, bring a dead server back (which may change its listing and so the
         # catalog), and look again. The final look-up, the `expect` check, the validation and the choice
         # of session happen with no await between them: nothing can change the catalog in between.
         for _ in range(_ROUTE_TRIES):
             spec = self._catalog.get(name)
+            if spec is None:
+                self._refresh_moved()  # a tool a server added since the catalog was built
+                spec = self._catalog.get(name)
             if spec is None:
                 return self._unknown(name, arguments, expect)
             refused = self._refused(spec, arguments, expect)
@@ -295,16 +349,26 @@ class Toolbox:
             return ToolResult.error(kind, message, tool=name, server=spec.server, arguments=arguments,
                                     details=details or None, latency_s=time.perf_counter() - started)
 
+        asking.stop_at_questions(client)
+        refused = len(conn.questions.asked)
         try:
-            with anyio.fail_after(limit):
-                raw = await client.call_tool(spec.remote_name, dict(arguments), meta=dict(meta) if meta else None)
+            # tasks extension: a call the server runs as a task is polled to its end inside `call_tool` (and
+            # cancelled there on timeout); `watch` collects its life for the result (toolbox/tasks.py)
+            with anyio.fail_after(limit), tasks.watch() as watch:
+                raw = await client.call_tool(spec.remote_name, dict(arguments), meta=dict(meta) if meta else None,
+                                             **asking.seed(resume))
+        except asking.InputAsked as asked:  # the server's questions go to the caller (toolbox/asking.py)
+            return asking.waiting(asked.result, tool=name, server=spec.server, arguments=arguments, resume=resume,
+                                  latency_s=time.perf_counter() - started)
         except TimeoutError:
-            return failed("timeout", f"Tool '{name}' timed out after {limit:g} s", timeout_s=limit)
+            return watch.attach(failed("timeout", f"Tool '{name}' timed out after {limit:g} s", timeout_s=limit))
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 conn.mark_dead(generation, "connection closed during a call")
                 return self._died(spec, arguments, f"server '{spec.server}' died during the call", started, conn)
-            return failed("tool_error", f"Tool '{name}' failed with a protocol error {exc.code}: {exc}", code=exc.code)
+            asked = conn.questions.note(refused)  # a 2025 server that asked mid-call, refused, and failed for it
+            return failed("tool_error", f"Tool '{name}' failed with a protocol error {exc.code}: {exc}"
+                          + (f"\n{asked}" if asked else ""), code=exc.code)
         except _TRANSPORT_ERRORS as exc:
             conn.mark_dead(generation, _describe(exc))
             return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
@@ -315,16 +379,18 @@ class Toolbox:
                 conn.mark_dead(generation, _describe(exc))
                 return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
             return failed("tool_error", f"Tool '{name}' failed: {_describe(exc)}")
-        return ToolResult(
+        note = conn.questions.note(refused)  # a 2025 server asked mid-call and was refused: say so
+        return watch.attach(ToolResult(
             tool=name,
             server=spec.server,
             arguments=arguments,
-            content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in raw.content],
+            content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in raw.content]
+            + ([{"type": "text", "text": note}] if note else []),
             structured_content=raw.structured_content,
             is_error=bool(raw.is_error),
             error_kind="tool_error" if raw.is_error else None,
             latency_s=time.perf_counter() - started,
-        )
+        ))
 
     def _refused(self, spec: ToolSpec, arguments: Any, expect: ToolSpec | None) -> ToolResult | None:
         """Why a call to this entry must not run: it is not the tool that was gated, or the arguments

@@ -1,4 +1,9 @@
-"""Argument validation against a tool's input schema, before any server sees the call.
+"""Argument validation against a tool's input schema, before any server sees the call, and the same
+checks for any JSON value against an output schema (2026-07-28: `structuredContent` may be any JSON
+value, and an output schema any JSON Schema).
+
+Schemas are JSON Schema 2020-12 unless their `$schema` names another draft (a draft-07 one is
+validated as draft-07: `definitions`, tuple `items`, `dependencies`).
 
 Schemas come from servers and are untrusted. Nothing in one may cause network or file access, or
 unbounded work:
@@ -60,17 +65,20 @@ def field_path(error: ValidationError) -> str:
     return path
 
 
-class ArgumentValidator:
-    """A compiled JSON Schema validator for one tool's arguments.
+class SchemaValidator:
+    """A compiled JSON Schema validator for any JSON value (a tool's structured content, say).
 
     The validator class follows the schema's `$schema` (Draft 2020-12 when absent, as MCP specifies).
-    A schema that is invalid JSON Schema is reported once (`schema_error`) and calls are let through
-    to the server, the authority on its own schema; an *unsafe* one (see the module docstring) is
+    A schema that is invalid JSON Schema is reported once (`schema_error`) and values are let through
+    (the server is the authority on its own schema); an *unsafe* one (see the module docstring) is
     refused (`refusal`), since validating it would fetch, read or recurse without end.
     """
 
+    what = "output schema"
+    """What the schema is, in messages."""
+
     def __init__(self, schema: Mapping[str, Any] | None) -> None:
-        self.schema = dict(schema or {"type": "object"})
+        self.schema = dict(schema if schema is not None else {})
         self.schema_error: str | None = None
         self.refusal: str | None = unsafe_references(self.schema)
         self._validator: Any = None
@@ -90,38 +98,49 @@ class ArgumentValidator:
         bounded = _bounded(cls)
         self._validator = bounded(self.schema, registry=_NO_RETRIEVAL, format_checker=cls.FORMAT_CHECKER)
 
-    def errors(self, arguments: Any) -> list[dict[str, str]]:
+    def errors(self, value: Any) -> list[dict[str, str]]:
         """Every violation as `{"field", "message"}`, most relevant first; empty when valid."""
         if self.refusal is not None:
-            return [{"field": "", "message": f"the tool's input schema {self.refusal}; the call is refused"}]
+            return [{"field": "", "message": f"the tool's {self.what} {self.refusal}; the call is refused"}]
         if self._validator is None:
             return []
-        if not isinstance(arguments, Mapping):
-            return [{"field": "", "message": f"arguments must be a JSON object, got {type(arguments).__name__}"}]
         try:  # one call is checked by the gate, again before it runs, and by the toolbox: validate it once
-            key = json.dumps(arguments, sort_keys=True)
+            key = json.dumps(value, sort_keys=True)
         except (TypeError, ValueError):
             key = None
         if key is not None and key in self._checked:
             return [dict(e) for e in self._checked[key]]
-        found = self._errors(arguments)
+        found = self._errors(value)
         if key is not None:
             if len(self._checked) >= 256:
                 self._checked.clear()
             self._checked[key] = found
         return [dict(e) for e in found]
 
-    def _errors(self, arguments: Mapping[str, Any]) -> list[dict[str, str]]:
+    def _errors(self, value: Any) -> list[dict[str, str]]:
         token = _deadline.set(time.monotonic() + VALIDATION_BUDGET_S)
         try:
-            found = sorted(self._validator.iter_errors(dict(arguments)), key=jsonschema.exceptions.relevance,
-                           reverse=True)
+            found = sorted(self._validator.iter_errors(value), key=jsonschema.exceptions.relevance, reverse=True)
         except Exception as exc:  # noqa: BLE001 - a schema that defeats the validator is the server's fault, as data
-            return [{"field": "", "message": f"the tool's input schema cannot be checked ({type(exc).__name__}: "
+            return [{"field": "", "message": f"the tool's {self.what} cannot be checked ({type(exc).__name__}: "
                                              f"{str(exc)[:200]}); the call is refused"}]
         finally:
             _deadline.reset(token)
         return [{"field": field_path(e), "message": e.message} for e in found]
+
+
+class ArgumentValidator(SchemaValidator):
+    """A `SchemaValidator` for one tool's arguments, which MCP requires to be a JSON object."""
+
+    what = "input schema"
+
+    def __init__(self, schema: Mapping[str, Any] | None) -> None:
+        super().__init__(schema or {"type": "object"})
+
+    def errors(self, value: Any) -> list[dict[str, str]]:
+        if self.refusal is None and self._validator is not None and not isinstance(value, Mapping):
+            return [{"field": "", "message": f"arguments must be a JSON object, got {type(value).__name__}"}]
+        return super().errors(dict(value) if isinstance(value, Mapping) else value)
 
 
 # ---------------------------------------------------------------------------- references
