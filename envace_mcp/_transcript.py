@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from envace_mcp._terminal import call_display, call_lines, safe
+from envace_mcp._terminal import call_display, call_lines, safe, visible
 from envace_mcp.graph.memory import shorten
 
 _DECISION_STYLE = {"execute": "green", "simulate": "cyan", "feedback": "yellow", "block": "red", "reject": "red",
@@ -124,6 +124,8 @@ class TerminalApprover:
 
         import anyio
 
+        if request.get("type") == "tool_input":
+            return await self._answer(request)
         self.console.print(call_lines(request["name"], request.get("args", {}), Text("approval needed: ", "magenta"),
                                       indent=3))
         self.console.print(Text.assemble("      rehearsed outcome: ", _prediction(request.get("rehearsal"), None)))
@@ -148,6 +150,104 @@ class TerminalApprover:
         for renderables in held:
             self.console.print(*renderables)
         return answer
+
+
+    async def _answer(self, request: dict[str, Any]) -> Any:
+        """A running call's server asks (`tool_input`): each question is shown (escaped) and answered field
+        by field on the terminal; a blank first field declines that question. `--yes` answers nothing (it
+        approves calls; what to tell a server is the person's to type), and without a terminal the call
+        is not continued."""
+        import sys
+
+        self.console.print(call_lines(request["name"], request.get("args", {}), Text("the tool asks: ", "magenta"),
+                                      indent=3))
+        stdin = self.stdin or sys.stdin
+        if self.assume_yes or not (stdin and stdin.isatty()):
+            why = "--yes approves calls, it answers no question" if self.assume_yes else "no terminal on stdin to ask"
+            for question in request.get("questions") or []:
+                self.console.print(Text.assemble("      ", safe(str(question.get("message")))))
+            self.console.print(Text.assemble("      ", ("not answered:", "red"), f" {why}"))
+            return {"type": "reject", "message": f"the tool's questions were not answered ({why})"}
+        responses = {}
+        for question in request.get("questions") or []:
+            responses[question["key"]] = await self._one_question(question, stdin)
+        held, self._held = self._held, []
+        for renderables in held:
+            self.console.print(*renderables)
+        return {"type": "respond", "responses": responses}
+
+    async def _one_question(self, question: dict[str, Any], stdin: Any) -> dict[str, Any]:
+        self.console.print(Text.assemble("      ", safe(str(question.get("message")))))
+        if question.get("mode") == "url":
+            self.console.print(Text.assemble("      open: ", safe(str(question.get("url")))))
+            done = (await self._read(stdin, "      done? [y/N] ")).lower() in ("y", "yes")
+            return {"action": "accept"} if done else {"action": "decline"}
+        content: dict[str, Any] = {}
+        fields = (question.get("requested_schema") or {}).get("properties") or {}
+        for position, (name, field) in enumerate(fields.items()):
+            for _ in range(3):
+                typed = await self._read(stdin, f"      {visible(str(name))}{_hint(field)}: ")
+                if not typed and position == 0:
+                    self.console.print(Text.assemble("      ", ("declined", "red")))
+                    return {"action": "decline"}
+                try:
+                    if typed:
+                        content[str(name)] = _typed(typed, field)
+                    break
+                except ValueError as exc:
+                    self.console.print(Text.assemble("      ", ("not that: ", "yellow"), safe(str(exc))))
+            else:
+                return {"action": "decline"}
+        return {"action": "accept", "content": content}
+
+    async def _read(self, stdin: Any, prompt: str) -> str:
+        import anyio
+
+        _discard_typed_ahead(stdin)
+        self.console.print(Text(prompt), end="")
+        self._waiting = True
+        try:
+            return (await anyio.to_thread.run_sync(stdin.readline)).strip()
+        finally:
+            self._waiting = False
+
+
+def _hint(field: Any) -> str:
+    """` (integer)`, ` (one of a, b)`: what a form field takes, from the server's (untrusted) schema."""
+    if not isinstance(field, dict):
+        return ""
+    items = field.get("items") if isinstance(field.get("items"), dict) else {}
+    choices = field.get("enum") or items.get("enum")
+    kind = str(field.get("type", ""))
+    text = f"one of {', '.join(map(str, choices))}" if isinstance(choices, list) and choices else kind
+    if kind == "array":
+        text += ", comma-separated"
+    return f" ({visible(text[:200])})" if text else ""
+
+
+def _typed(text: str, field: Any) -> Any:
+    """`text` as the value the field's type wants; `ValueError` saying what it wants otherwise."""
+    kind = field.get("type") if isinstance(field, dict) else "string"
+    if kind == "integer":
+        return int(text)
+    if kind == "number":
+        return float(text)
+    if kind == "boolean":
+        if text.lower() in ("y", "yes", "true"):
+            return True
+        if text.lower() in ("n", "no", "false"):
+            return False
+        raise ValueError("yes or no")
+    if kind == "array":
+        values = [part.strip() for part in text.split(",") if part.strip()]
+        allowed = (field.get("items") or {}).get("enum") if isinstance(field.get("items"), dict) else None
+        if isinstance(allowed, list) and any(v not in allowed for v in values):
+            raise ValueError(f"choose from {', '.join(map(str, allowed))}")
+        return values
+    allowed = field.get("enum") if isinstance(field, dict) else None
+    if isinstance(allowed, list) and text not in allowed:
+        raise ValueError(f"one of {', '.join(map(str, allowed))}")
+    return text
 
 
 def _discard_typed_ahead(stdin: Any) -> None:

@@ -157,3 +157,56 @@ def test_control_and_invisible_characters_are_shown_as_escapes_and_markup_as_tex
     assert visible(text) == seen
     assert safe(text).plain == seen  # a Text: rich never reads it as markup
     assert visible("a\nb\x1b", newlines=True) == "a\nb\\x1b"
+
+
+def asking(questions):
+    return {"type": "tool_input", "tool_call_id": "c1", "name": "book", "args": {"room": "blue"}, "round": 1,
+            "questions": questions, "description": "book(...)", "rehearsal": OK}
+
+
+FORM = {"key": "who", "message": "Who books it?\x1b[2J", "mode": "form",
+        "requested_schema": {"type": "object", "properties": {
+            "name": {"type": "string"}, "seats": {"type": "integer"},
+            "size": {"type": "string", "enum": ["small", "large"]}, "extras": {"type": "array", "items": {"enum": ["tv", "tea"]}}}}}
+
+
+def test_a_tools_questions_are_answered_on_the_terminal_field_by_field_typed_and_escaped():
+    """A server's questions (`tool_input`) are asked on the terminal: each field typed as the schema says
+    (a wrong value asked again), a blank first field declines, a URL question is accepted once done; its
+    message is shown escaped. `--yes` and no terminal answer nothing."""
+    shown = io.StringIO()
+    console = Console(file=shown, width=200)
+    master, slave = os.openpty()
+    url = {"key": "pay", "message": "Pay first", "mode": "url", "url": "https://pay.example/x"}
+
+    def prompts():  # each field's prompt ends "(type): ", the URL's "[y/N] "; shown once its input is flushed
+        return shown.getvalue().count("): ") + shown.getvalue().count("[y/N] ")
+
+    async def main(tty):
+        async def person():
+            for number, line in enumerate(("Ada", "three", "3", "medium", "large", "tv, tea", "y", "")):
+                with anyio.fail_after(20):
+                    while prompts() <= number:
+                        await anyio.sleep(0.01)
+                os.write(master, (line + "\n").encode())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(person)
+            answered = await TerminalApprover(console, stdin=tty)(asking([FORM, url]))
+            declined = await TerminalApprover(console, stdin=tty)(asking([FORM]))
+        return answered, declined
+
+    with os.fdopen(slave, "r") as tty:
+        answered, declined = anyio.run(main, tty)
+    os.close(master)
+    assert answered == {"type": "respond", "responses": {
+        "who": {"action": "accept", "content": {"name": "Ada", "seats": 3, "size": "large", "extras": ["tv", "tea"]}},
+        "pay": {"action": "accept"}}}
+    assert declined == {"type": "respond", "responses": {"who": {"action": "decline"}}}
+    text = shown.getvalue()
+    assert "\x1b" not in text and "\\x1b[2J" in text and "https://pay.example/x" in text
+    assert "not that: " in text and "(one of small, large)" in text
+    with open(os.devnull) as not_a_terminal:
+        for approver in (TerminalApprover(console, stdin=not_a_terminal),
+                         TerminalApprover(console, stdin=not_a_terminal, assume_yes=True)):
+            assert anyio.run(approver, asking([FORM]))["type"] == "reject"

@@ -21,7 +21,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Agents that 
 servers_app = typer.Typer(no_args_is_help=True, help="MCP servers: list tools, print configs, serve the bundled ones.")
 tasks_app = typer.Typer(no_args_is_help=True, help="The bundled task suites.")
 policy_app = typer.Typer(no_args_is_help=True, help="The policy model: try its roles against real tools.")
-traces_app = typer.Typer(no_args_is_help=True, help="Recorded runs: list, show, summarise, import tool-call logs.")
+traces_app = typer.Typer(no_args_is_help=True, help="Recorded runs: list, show, summarise; import tool-call logs or LangSmith datasets; export to OpenTelemetry or LangSmith.")
 train_app = typer.Typer(no_args_is_help=True, help="Training: SFT warm start, EnvACE GRPO from recorded runs or fresh rollouts.")
 
 # Off a terminal rich would squeeze tables into 80 columns; logs read better wider.

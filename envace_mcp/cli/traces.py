@@ -1,10 +1,10 @@
-"""`envace traces ls|show|stats|import`."""
+"""`envace traces ls|show|stats|import|export`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
@@ -85,6 +85,13 @@ def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is eno
         elif step.role == "gate":
             console.print(Text.assemble("   gate: ", safe(f"{step.decision} — {step.reason}")))
         elif step.role == "tool":
+            for asked in step.asked or []:  # what the server asked mid-call, and what it was told
+                for question in asked.get("questions") or []:
+                    console.print(Text.assemble("   ", (f"tool asks (round {asked.get('round')}): ", "magenta"),
+                                                safe(question.get("message")), " ", safe(question.get("url") or "")))
+                answers = asked.get("answers")
+                console.print(Text.assemble("   ", ("answered: ", "magenta"), safe(json.dumps(answers, default=str)[:240])
+                                            if answers is not None else safe(f"nothing ({asked.get('why')})", "red")))
             result = step.result or {}
             text = result.get("structured_content") or "".join(str(b.get("text", "")) for b in result.get("content", []))
             label = "simulated" if step.simulated else "real"
@@ -151,8 +158,12 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
 
 @traces_app.command("import")
 def traces_import(
-    log: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL tool-call log, one episode a line")],
+    log: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL tool-call log, one episode a line "
+                                                                          "(or with --format langsmith, examples)")],
     out: Annotated[Path, typer.Option(file_okay=False, help="trace folder to write (runs are appended)")],
+    format: Annotated[Literal["log", "langsmith"], typer.Option(
+        "--format", help="log: your agents' tool-call log; langsmith: runs written by `envace traces export "
+                         "--format langsmith` (LangSmith dataset examples)")] = "log",
     servers: Annotated[Optional[Path], typer.Option(
         "--servers", "-s", exists=True, dir_okay=False, callback=_servers_file,
         help="mcpServers JSON file of the servers the log's tools are on (their catalog; --mutate replays on them)")] = None,
@@ -169,6 +180,10 @@ def traces_import(
     from envace_mcp.traces.importing import load_catalog, read_log
     from envace_mcp.traces.mutating import mutate_calls
 
+    if format == "langsmith":
+        _import_examples(log, out, given=[name for name, value in (("--servers", servers), ("--catalog", catalog),
+                                                                  ("--mutate", mutate)) if value])
+        return
     if (servers is None) == (catalog is None):
         _fail(UserError("give the tools' catalog one way: --servers CONFIG.json (live servers) or --catalog FILE "
                         "(a saved one)"))
@@ -210,3 +225,87 @@ def traces_import(
             _fail(exc)
     for line in [*summary.report(), *(changed.report() if changed is not None else []), f"wrote to {out}"]:
         console.print(safe(line), soft_wrap=True)  # one line each, however long: the terminal folds it
+
+
+def _import_examples(path: Path, out: Path, given: list[str]) -> None:
+    """`envace traces import FILE --format langsmith`: the runs of a LangSmith examples file, appended to `out`."""
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.traces.langsmith import read_examples
+
+    if given:
+        _fail(UserError(f"{', '.join(given)}: a LangSmith examples file carries its own catalog (inputs.tools); "
+                        "import it with --format langsmith and --out alone"))
+    try:
+        traces, summary = read_examples(path)
+    except EnvaceError as exc:
+        _fail(exc)
+    store = TraceStore(out)
+    with _holding(out):
+        for trace in traces:
+            store.append(trace)
+    for line in [*summary.report(), f"wrote to {out}"]:
+        console.print(safe(line), soft_wrap=True)
+
+
+@traces_app.command("export")
+def traces_export(
+    directory: TracesDir,
+    format: Annotated[Literal["otel", "langsmith"], typer.Option(
+        "--format", help="otel: OpenTelemetry GenAI spans to an OTLP endpoint; langsmith: one LangSmith dataset "
+                         "example per run, to a JSONL file (--out)")] = "otel",
+    otlp: Annotated[Optional[str], typer.Option(
+        metavar="URL", help="OTLP/HTTP endpoint: a collector's http://HOST:4318 (/v1/traces is added) or its full "
+                            "traces URL; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+                            "(headers from OTEL_EXPORTER_OTLP_HEADERS)")] = None,
+    out: Annotated[Optional[Path], typer.Option(dir_okay=False, help="--format langsmith: the JSONL file to write")] = None,
+    content: Annotated[bool, typer.Option(
+        "--content", help="otel: also export prompts, completions, tool arguments and results, the gate's reasons "
+                          "(opt-in content, as the GenAI conventions have it)")] = False,
+    tokens: Annotated[bool, typer.Option(
+        "--tokens", help="langsmith: keep the generations' token ids and logprobs")] = False,
+    suite: Optional[str] = None,
+    task: Optional[str] = None,
+    status: Optional[str] = None,
+) -> None:
+    """Recorded runs to an observability backend (OpenTelemetry) or a LangSmith dataset file (docs/traces.md)."""
+    import os
+
+    if format == "otel":
+        misplaced = [name for name, value in (("--out", out), ("--tokens", tokens)) if value]
+        if misplaced:
+            _fail(UserError(f"{', '.join(misplaced)}: for --format langsmith; OpenTelemetry spans go to an OTLP "
+                            "endpoint (--otlp URL)"))
+        if otlp is None and not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                                 or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+            _fail(UserError("where to? give --otlp URL (e.g. http://localhost:4318), or set "
+                            "OTEL_EXPORTER_OTLP_ENDPOINT"))
+    else:
+        misplaced = [name for name, value in (("--otlp", otlp), ("--content", content)) if value]
+        if misplaced:
+            _fail(UserError(f"{', '.join(misplaced)}: for --format otel; a LangSmith examples file holds each "
+                            "run whole"))
+        if out is None:
+            _fail(UserError("--format langsmith writes a file: give --out FILE (e.g. runs.jsonl)"))
+    store = _store(directory)
+    traces = list(store.read(suite=suite, task=task, status=status))
+    _report_problems(store)
+    if not traces:
+        _fail(UserError(f"no runs to export in {directory}" + (" that match the filters" if suite or task or status
+                                                               else "")))
+    try:
+        if format == "otel":
+            from envace_mcp.traces.otel import export_otel
+
+            spans = export_otel(traces, otlp, content=content)
+            where = otlp or "the endpoint in OTEL_EXPORTER_OTLP_*"
+            console.print(safe(f"exported {spans} span(s) of {len(traces)} run(s) to {where}"), soft_wrap=True)
+        else:
+            from envace_mcp.traces.langsmith import write_examples
+
+            assert out is not None
+            count = write_examples(traces, out, tokens=tokens)
+            console.print(safe(f"wrote {count} run(s) to {out}"), soft_wrap=True)
+    except EnvaceError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(UserError(f"cannot write {out}: {exc.strerror or exc}"))

@@ -5,6 +5,12 @@ The graph's `act` node, `RehearsingToolNode` and `RehearsalMiddleware` (sync and
 form a user picked. It is written without I/O: it yields what it needs (an approval, a real call)
 and the caller's driver (`act_async`, `act_sync`) answers with its own approver and its own way of
 running a tool (the toolbox, or LangChain's tool handler), then receives the reply and the record.
+
+A tool whose server asks for input while it runs (`ToolResult.input_required`) is asked about with an
+`InputRequest` (`Ask` again) and continued with the answers (`Respond`), round after round. Approval
+comes first: a destructive call reaches its server only approved, so its questions come from a call a
+person already let run, and no answer can approve a call (an approval answers no question, and a
+rejected call never asks).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from langchain_core.messages import ToolMessage
 
 from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
-from envace_mcp.graph.calls import ApprovalRequest, Proposal, RehearsalRecord
+from envace_mcp.graph.calls import ApprovalRequest, InputRequest, Proposal, RehearsalRecord
 from envace_mcp.graph.gate import Decision
 from envace_mcp.policy.types import ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
@@ -26,9 +32,10 @@ from envace_mcp.toolbox import ToolResult, ToolSpec
 
 @dataclass(frozen=True)
 class Ask:
-    """The call needs a person's (or a rule's) answer to `request`."""
+    """The call needs a person's (or a rule's) answer to `request`: an approval, or a running call's
+    questions (`InputRequest`)."""
 
-    request: ApprovalRequest
+    request: ApprovalRequest | InputRequest
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,17 @@ class Run:
 
     call: ToolCall
     spec: ToolSpec | None
+
+
+@dataclass(frozen=True)
+class Respond:
+    """Continue the call whose server asked (`waiting`, a `ToolResult` with `input_required`) with
+    `answers`; the driver answers with the next `ToolResult` (finished, or asking again)."""
+
+    call: ToolCall
+    spec: ToolSpec | None
+    waiting: ToolResult
+    answers: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -56,7 +74,7 @@ Regate = Callable[[ToolCall], Proposal]
 
 
 def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | None = None,
-              ) -> Generator[Ask | Run, Any, Acted]:
+              ) -> Generator[Ask | Run | Respond, Any, Acted]:
     """The act phase of one gated proposal (its `decision` set by `calls.gate`). `sent`: the arguments the
     server will receive for a call (`calls.arguments_sent`), which the approval request shows."""
     record = p.record()
@@ -88,6 +106,17 @@ def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | Non
         action = "execute"
     if action == "execute":
         outcome = yield Run(target.call, target.spec)
+        while (waiting := _waiting(outcome)) is not None:  # the server asks before it can finish
+            questions, round = waiting.input_required["questions"], waiting.input_required["round"]  # type: ignore[index]
+            request = calls.input_request(target, questions, round, sent(target.call) if sent is not None else None)
+            answer = calls.read_input((yield Ask(request)), questions)
+            record.setdefault("asked", []).append({"round": round, "questions": questions, "answers": answer.responses,
+                                                   **({"why": answer.why} if answer.why else {})})
+            if answer.responses is None:
+                record["decision"], record["reason"] = "rejected_by_human", f"the tool's questions: {answer.why}"
+                record["real"] = waiting.model_dump(mode="json")
+                return Acted(calls.unanswered(p.call, answer.why or "none given"), record, True)
+            outcome = yield Respond(target.call, target.spec, waiting, answer.responses)
         reply, result = _reply(p.call, outcome)
         if result is not None:  # an edit's result is not scored against the rehearsal of another call
             record.update(calls.observed(p if target is p else Proposal(p.call, p.spec), result))  # type: ignore[typeddict-item]
@@ -97,6 +126,13 @@ def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | Non
     return Acted(calls.refusal(p), record, False)
 
 
+def _waiting(outcome: Any) -> ToolResult | None:
+    """The result of a call whose server asked for input, from a toolbox's `ToolResult` or a tool handler's
+    reply carrying one (our MCP tools put it in the artifact)."""
+    result = outcome.artifact if isinstance(outcome, ToolMessage) else outcome
+    return result if isinstance(result, ToolResult) and result.input_required is not None else None
+
+
 def _reply(call: ToolCall, outcome: Any) -> tuple[Any, ToolResult | None]:
     """The agent's reply and the real result, from a toolbox's `ToolResult` or a tool handler's reply."""
     if isinstance(outcome, ToolResult):
@@ -104,37 +140,48 @@ def _reply(call: ToolCall, outcome: Any) -> tuple[Any, ToolResult | None]:
     return outcome, calls.result_of(call, outcome) if isinstance(outcome, ToolMessage) else None
 
 
-def _next(steps: Generator[Ask | Run, Any, Acted], answer: Any) -> Ask | Run | Acted:
+def _next(steps: Generator[Ask | Run | Respond, Any, Acted], answer: Any) -> Ask | Run | Respond | Acted:
     try:
         return steps.send(answer)
     except StopIteration as done:
         return done.value
 
 
-def _answer(step: Ask | Run, ask: Callable[[ApprovalRequest], Any], run: Callable[[ToolCall, ToolSpec | None], Any]) -> Any:
-    return ask(step.request) if isinstance(step, Ask) else run(step.call, step.spec)
+Respondent = Callable[[Respond], Any]
+"""Continues a call whose server asked, with the answers (a driver's own way to reach that server)."""
 
 
-async def act_async(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
+def _answer(step: Ask | Run | Respond, ask: Callable[[Any], Any], run: Callable[[ToolCall, ToolSpec | None], Any],
+            respond: Respondent | None) -> Any:
+    if isinstance(step, Ask):
+        return ask(step.request)
+    if isinstance(step, Run):
+        return run(step.call, step.spec)
+    if respond is None:  # a tool that cannot be continued: its questions end it
+        return calls.result_of(step.call, calls.unanswered(step.call, "this tool cannot be sent answers"))
+    return respond(step)
+
+
+async def act_async(p: Proposal, *, ask: Callable[[Any], Any],
                     run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate,
-                    sent: Callable[[ToolCall], Any] | None = None) -> Acted:
-    """`act_steps` driven from async code; `ask` and `run` may be sync or async."""
+                    sent: Callable[[ToolCall], Any] | None = None, respond: Respondent | None = None) -> Acted:
+    """`act_steps` driven from async code; `ask`, `run` and `respond` may be sync or async."""
     steps = act_steps(p, regate, sent)
     step = _next(steps, None)
     while not isinstance(step, Acted):
-        answer = _answer(step, ask, run)
+        answer = _answer(step, ask, run, respond)
         step = _next(steps, await answer if inspect.isawaitable(answer) else answer)
     return step
 
 
-def act_sync(p: Proposal, *, ask: Callable[[ApprovalRequest], Any],
+def act_sync(p: Proposal, *, ask: Callable[[Any], Any],
              run: Callable[[ToolCall, ToolSpec | None], Any], regate: Regate,
-             sent: Callable[[ToolCall], Any] | None = None) -> Acted:
+             sent: Callable[[ToolCall], Any] | None = None, respond: Respondent | None = None) -> Acted:
     """`act_steps` driven from sync code, in the caller's thread (a sync tool runs where it expects to);
-    an async approver is run to completion."""
+    an async approver (or respondent) is run to completion."""
     steps = act_steps(p, regate, sent)
     step = _next(steps, None)
     while not isinstance(step, Acted):
-        answer = _answer(step, ask, run)
+        answer = _answer(step, ask, run, respond)
         step = _next(steps, run_sync(answer) if inspect.isawaitable(answer) else answer)
     return step

@@ -9,7 +9,8 @@ Approvals use LangChain's human-in-the-loop shapes, so LangGraph Studio and Agen
 render them: the request is a `ToolApprovalRequest` (`type: "tool_approval"`, the call, a description
 with the rehearsed outcome) and the answer a decision (`{"type": "approve"}`, `{"type": "reject",
 "message": ...}`, `{"type": "edit", "edited_action": {"name": ..., "args": ...}}`); `True` / `"yes"`
-still mean approve.
+still mean approve. A tool whose server asks for input mid-call is asked about in the same shape
+(`InputRequest`, `type: "tool_input"`) and answered with `{"type": "respond", "responses": {key: answer}}`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ from envace_mcp.policy.fidelity import compare
 from envace_mcp.policy.prompts import NOT_EXECUTED, tool_call_text
 from envace_mcp.policy.types import ActRequest, Example, Generation, Prediction, RehearseRequest, SamplingParams, ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
+from envace_mcp.toolbox.asking import Answer, AskingError, Question, read_answers
+from envace_mcp.traces.context import traceparent
+
+RUN_ID = "envace_run_id"
+"""The key of the run's id in LangGraph's config metadata (`traces.recorder.record_run` sets it to its
+trace's `run_id`): the trace id every call's `traceparent` names."""
 
 
 class RehearsalRecord(TypedDict, total=False):
@@ -58,6 +65,9 @@ class RehearsalRecord(TypedDict, total=False):
     gated_spec: str
     """`spec_digest` of the catalog entry the gate judged: a call whose tool has changed since (a server
     restarted with another listing) is refused, not run under a decision made for another tool."""
+    asked: list[dict[str, Any]]
+    """Each round of questions the tool's server asked during the call, with what was answered:
+    `{"round", "questions", "answers"}` (`answers` None: not answered, and `why`)."""
 
 
 class ApprovalRequest(TypedDict):
@@ -73,6 +83,21 @@ class ApprovalRequest(TypedDict):
     rehearsal: NotRequired[dict[str, Any] | None]
     """The rehearsed outcome (`Prediction.model_dump()`), `None` when not rehearsed."""
     reason: NotRequired[str | None]
+
+
+class InputRequest(TypedDict):
+    """What a person (or `EnvaceContext.approve`) is shown when a running call's server asks for input:
+    the approval request's shape, with the server's questions (`toolbox.asking.Question`)."""
+
+    type: Literal["tool_input"]
+    tool_call_id: str
+    name: str
+    args: Any
+    description: str
+    """The call, the questions (escaped) and the rehearsed outcome, for the person to read."""
+    questions: list[Question]
+    round: int
+    rehearsal: NotRequired[dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -329,6 +354,78 @@ def read_approval(answer: Any, call: ToolCall) -> Approval:
     return Approval(answer is True)
 
 
+def input_request(p: Proposal, questions: list[Question], round: int, sent: Any = None) -> InputRequest:
+    """The request for the questions a running call's server asked (round `round`)."""
+    args = p.call.arguments if sent is None else sent
+    lines = [call_text(p.call.name, args), f"The tool asks (round {round}):"]
+    for q in questions:
+        lines.append(f"- {key_text(q['key'])}: {visible(q['message'], newlines=False)}")
+        if q["mode"] == "url":
+            lines.append(f"  visit: {visible(q['url'])}")
+        else:
+            fields = (q.get("requested_schema") or {}).get("properties") or {}
+            lines += [f"  {key_text(name)}: {visible(str(field.get('type')))}"
+                      + (f", one of {visible(json.dumps(field['enum'], ensure_ascii=False))}" if "enum" in field else "")
+                      for name, field in fields.items()]
+    lines.append(f"Rehearsed outcome: {outcome_text(p.prediction)}")
+    return {"type": "tool_input", "tool_call_id": p.call.id, "name": p.call.name, "args": args,
+            "description": "\n".join(lines), "questions": questions, "round": round,
+            "rehearsal": p.prediction.model_dump(mode="json") if p.prediction else None}
+
+
+@dataclass(frozen=True)
+class InputAnswer:
+    """A person's answer to an `InputRequest`: the responses, or why there are none."""
+
+    responses: dict[str, Answer] | None
+    why: str | None = None
+
+
+def read_input(answer: Any, questions: list[Question]) -> InputAnswer:
+    """A resume value or an approver's return for an `InputRequest`: `{"type": "respond", "responses":
+    {...}}` (LangChain's `{"decisions": [...]}` wrapper and its bare `{"responses": {...}}` too), or a
+    reject. Anything else (an approval's `True`, answers that do not fit) answers nothing: an approval
+    is not an answer, so the call is not continued."""
+    if isinstance(answer, Mapping) and "decisions" in answer:
+        decisions = answer.get("decisions")
+        answer = decisions[0] if isinstance(decisions, list) and len(decisions) == 1 else None
+    if not isinstance(answer, Mapping):
+        return InputAnswer(None, "no answers were given to the tool's questions")
+    if answer.get("type") == "reject":
+        message = answer.get("message")
+        return InputAnswer(None, message if isinstance(message, str) else "the person declined to answer")
+    if answer.get("type", "respond") != "respond":
+        return InputAnswer(None, f"a {str(answer.get('type'))[:40]!r} decision does not answer the tool's questions")
+    try:
+        return InputAnswer(read_answers(questions, answer.get("responses")))
+    except AskingError as exc:
+        return InputAnswer(None, f"the answers could not be read: {exc}")
+
+
+# ------------------------------------------------------------------ trace context
+
+def call_meta(call_id: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`meta` with the W3C `traceparent` of call `call_id` in this run (`traces.context`) added, unless the
+    caller's meta has one: the server's spans join the run's trace, under the call's span."""
+    meta = dict(meta or {})
+    if "traceparent" not in meta:
+        meta["traceparent"] = traceparent(run_id(), f"call:{call_id}")
+    return meta
+
+
+def run_id() -> str:
+    """The id of the run this code runs in: a recorded run's trace id (`RUN_ID` in the config's metadata),
+    else the thread's id; a run with neither has no id to join on, and each call gets a trace of its own."""
+    try:
+        from langgraph.config import get_config
+
+        config = get_config()
+    except RuntimeError:  # outside a graph run
+        config = {}
+    found = (config.get("metadata") or {}).get(RUN_ID) or (config.get("configurable") or {}).get("thread_id")
+    return str(found) if found else uuid.uuid4().hex
+
+
 # ------------------------------------------------------------------ replies
 
 def reply(call: ToolCall, content: str, status: Literal["success", "error"], artifact: Any = None,
@@ -368,6 +465,11 @@ def refusal(p: Proposal) -> ToolMessage:
 def rejected(call: ToolCall, approval: Approval) -> ToolMessage:
     why = f" Reason: {approval.message}" if approval.message else ""
     return reply(call, f"Not executed: the call was not approved.{why}", "error", not_executed="rejected")
+
+
+def unanswered(call: ToolCall, why: str) -> ToolMessage:
+    return reply(call, f"Not finished: the tool asked for input and got no answer. Reason: {why}", "error",
+                 not_executed="rejected")
 
 
 def observed(p: Proposal, result: ToolResult) -> RehearsalRecord:

@@ -2,7 +2,15 @@
 around the handler that runs the real tool (`wrap_tool_call` / `awrap_tool_call`). Shared by
 `RehearsingToolNode` (a `ToolNode`) and `RehearsalMiddleware` (`create_agent`). A call the gate stops
 for the third time since the user's last message (`nodes._stalls`) is told it will not run: the reply
-says so, and `RehearsalMiddleware` ends the agent's loop there."""
+says so, and `RehearsalMiddleware` ends the agent's loop there. Traced to LangSmith, each call shows
+`rehearse`, `gate` and `act` as named steps of the node running it (`traces.langsmith.named_step`).
+
+An MCP tool (`toolbox.langchain.MCPTool`) runs with the run's `traceparent` in its call's `_meta`, and a
+server that asks for input while it runs is asked about (`acting.Respond`) and answered through the
+tool's own scope: the answers go to the server the call went to, not through the handler again.
+Without `approve`, the middleware asks with `interrupt()`; on resume the call's first round is sent
+again (the handler cannot be kept across the pause), which a server that asks before acting answers
+with the same questions. A tool node, which cannot pause, answers nothing without `approve`."""
 
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ from langgraph.types import Command, interrupt
 
 from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
-from envace_mcp.graph.acting import Acted, act_async, act_sync
+from envace_mcp.graph.acting import Acted, Respond, act_async, act_sync
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.graph.nodes._common import emit
@@ -24,6 +32,7 @@ from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import ToolCall, context_sampling
 from envace_mcp.toolbox import ToolSpec
 from envace_mcp.toolbox.langchain import spec_from_tool
+from envace_mcp.traces.langsmith import named_step
 
 
 class ToolCallRehearsal:
@@ -33,7 +42,7 @@ class ToolCallRehearsal:
     def __init__(self, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
                  mode: Mode = "real", tools: list[Any] | None = None,
                  approve: Callable[[calls.ApprovalRequest], Any] | None = None,
-                 record_key: str | None = None, messages_key: str = "messages") -> None:
+                 record_key: str | None = None, messages_key: str = "messages", pauses: bool = True) -> None:
         self.policy = policy
         self.gate = gate_for(policy, gate)
         self.limits = limits or RunLimits()
@@ -54,6 +63,8 @@ class ToolCallRehearsal:
         self.approve = approve
         self.record_key = record_key
         self.messages_key = messages_key
+        self.pauses = pauses
+        """Whether a question with no `approve` to answer it may pause the run (`interrupt()`)."""
 
     # ------------------------------------------------------------------ what the state knows
 
@@ -97,11 +108,13 @@ class ToolCallRehearsal:
         known = {r["call_id"] for r in self._records(state) if r.get("prediction") is not None}
         pending = [p for p in calls.proposals(ai, self.specs) if p.call.id not in answered | known]
         index = messages.index(ai)
-        done, generations = await calls.rehearse(
-            pending, policy=self.policy, catalog=list(self.specs.values()), history=messages[:index],
-            act_message=calls.raw_act_message(ai), mode=self.mode, config=self.gate,
-            examples=calls.examples_from(self._records(state)), budget=self._rehearsals_left(state),
-            sampling=self.sampling)
+        with named_step("rehearse", calls=[p.call for p in pending]) as step:
+            done, generations = await calls.rehearse(
+                pending, policy=self.policy, catalog=list(self.specs.values()), history=messages[:index],
+                act_message=calls.raw_act_message(ai), mode=self.mode, config=self.gate,
+                examples=calls.examples_from(self._records(state)), budget=self._rehearsals_left(state),
+                sampling=self.sampling)
+            step.done(predictions=[p.prediction for p in done])
         for p, generation in zip(done, generations):
             if generation is not None:
                 emit(runtime, "rehearse", generation, call_id=p.call.id)
@@ -130,17 +143,22 @@ class ToolCallRehearsal:
             messages = self._messages(request.state)
             ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
             history = messages[: messages.index(ai)] if ai is not None else messages
-            (p,), (generation,) = await calls.rehearse(
-                [p], policy=self.policy, catalog=list(self.specs.values()), history=history,
-                act_message=calls.raw_act_message(ai) if ai is not None else "", mode=self.mode, config=self.gate,
-                examples=calls.examples_from(records), budget=self._rehearsals_left(request.state),
-                sampling=self.sampling)
+            with named_step("rehearse", call=call) as step:
+                (p,), (generation,) = await calls.rehearse(
+                    [p], policy=self.policy, catalog=list(self.specs.values()), history=history,
+                    act_message=calls.raw_act_message(ai) if ai is not None else "", mode=self.mode, config=self.gate,
+                    examples=calls.examples_from(records), budget=self._rehearsals_left(request.state),
+                    sampling=self.sampling)
+                step.done(prediction=p.prediction)
             if generation is not None:
                 emit(request.runtime, "rehearse", generation, call_id=call.id)
         messages = self._messages(request.state)
-        decided = calls.gate([p], mode=self.mode, config=self.gate, real_calls=self._real_calls(request.state),
-                             max_real_calls=self.limits.max_real_calls, messages=messages, specs=self.specs)
-        return mark_repeats(messages, decided)[0]  # its call's third stop tells the agent it will never run
+        with named_step("gate", call=call, prediction=p.prediction) as step:
+            decided = calls.gate([p], mode=self.mode, config=self.gate, real_calls=self._real_calls(request.state),
+                                 max_real_calls=self.limits.max_real_calls, messages=messages, specs=self.specs)
+            p = mark_repeats(messages, decided)[0]  # its call's third stop tells the agent it will never run
+            step.done(decision=p.decision)
+        return p
 
     def _real_calls(self, state: Any) -> int:
         """Calls of this run that reached a real tool, for `max_real_calls`: from the records in state, or,
@@ -155,20 +173,39 @@ class ToolCallRehearsal:
 
     async def awrap(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
         p = await self._decided(request)
-        acted = await act_async(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
-                                regate=lambda call: self._regate(request, call),
-                                sent=lambda call: _sent(request, call))
+        with named_step("act", call=p.call, decision=p.decision) as step:
+            acted = await act_async(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
+                                    regate=lambda call: self._regate(request, call), sent=lambda call: _sent(request, call),
+                                    respond=lambda step: self._respond(request, step))
+            step.done(ran=acted.ran, record=acted.record)
         return self._done(acted)
 
     def wrap(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
         p = run_sync(self._decided(request))  # the policy is async; a sync agent still gets its rehearsal
-        acted = act_sync(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
-                         regate=lambda call: self._regate(request, call),
-                         sent=lambda call: _sent(request, call))
+        with named_step("act", call=p.call, decision=p.decision) as step:
+            acted = act_sync(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
+                             regate=lambda call: self._regate(request, call), sent=lambda call: _sent(request, call),
+                             respond=lambda step: self._respond(request, step))
+            step.done(ran=acted.ran, record=acted.record)
         return self._done(acted)
 
-    def _ask(self, request: calls.ApprovalRequest) -> Any:
-        return interrupt(request) if self.approve is None else self.approve(request)
+    def _ask(self, request: Any) -> Any:
+        if self.approve is not None:
+            return self.approve(request)
+        if request["type"] == "tool_input" and not self.pauses:
+            return {"type": "reject", "message": "nobody to ask: this tool node has no approve=, and cannot pause"}
+        return interrupt(request)
+
+    async def _respond(self, request: Any, step: Respond) -> Any:
+        """Send the answers to the server the call went to (an MCP tool's scope, with the call's trace)."""
+        scope = getattr(self._tool(request, step.call.name), "scope", None)
+        if not hasattr(scope, "respond"):
+            return calls.result_of(step.call, calls.unanswered(step.call, "this tool cannot be sent answers"))
+        return await _traced(scope, step.call.id).respond(step.waiting, step.answers, expect=step.spec,
+                                                          max_rounds=self.limits.max_input_rounds)
+
+    def _tool(self, request: Any, name: str) -> Any:
+        return request.tool if name == request.tool_call["name"] else self.tools.get(name)
 
     def _regate(self, request: Any, edited: ToolCall) -> Proposal:
         """A reviewer's edit, validated and gated as the EnvACE graph's act node does it."""
@@ -176,10 +213,14 @@ class ToolCallRehearsal:
         return calls.gate([Proposal(edited, spec)], mode=self.mode, config=self.gate)[0]
 
     def _running(self, request: Any, call: ToolCall) -> Any:
-        """The handler's request for `call`: the proposed one, or a reviewer's edit (to its own tool)."""
-        if call.name == request.tool_call["name"] and call.arguments == request.tool_call["args"]:
+        """The handler's request for `call`: the proposed one, or a reviewer's edit (to its own tool); an MCP
+        tool's call carries the run's `traceparent`."""
+        tool = self._tool(request, call.name)
+        scope = getattr(tool, "scope", None)
+        if hasattr(scope, "scoped"):
+            tool = tool.model_copy(update={"scope": _traced(scope, call.id)})
+        elif call.name == request.tool_call["name"] and call.arguments == request.tool_call["args"]:
             return request
-        tool = request.tool if call.name == request.tool_call["name"] else self.tools.get(call.name)
         return request.override(tool_call={**request.tool_call, "name": call.name, "args": call.arguments}, tool=tool)
 
     def _done(self, acted: Acted) -> ToolMessage | Command:
@@ -189,6 +230,11 @@ class ToolCallRehearsal:
         if not self.record_key or not isinstance(reply, ToolMessage):
             return reply
         return Command(update={self.messages_key: [reply], self.record_key: [acted.record]})
+
+
+def _traced(scope: Any, call_id: str) -> Any:
+    """An MCP tool's scope whose calls carry call `call_id`'s `traceparent` (the scope's own meta wins)."""
+    return scope.scoped(calls.call_meta(call_id, getattr(scope, "meta", None)))
 
 
 def _sent(request: Any, call: ToolCall) -> Any:

@@ -145,6 +145,9 @@ class RunLimits(Settings):
     """Bounds model time spent rehearsing in one run (None: no bound)."""
     max_real_calls: int | None = Field(default=50, ge=0)
     """Bounds what one run can do to real systems (None: no bound)."""
+    max_input_rounds: int = Field(default=4, ge=1)
+    """Rounds of questions one call's server may ask a person before the call ends as an error: a
+    confirmation and a follow-up or two; a server that keeps asking is looping (`toolbox.asking`)."""
 
 
 UNATTENDED = {"require_approval": "never"}

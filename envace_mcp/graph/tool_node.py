@@ -65,7 +65,8 @@ class RehearsingToolNode(ToolNode):
             tools = tools.langchain_tools()
         tools = list(tools)
         self.rehearsal = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
-                                           record_key=record_key, messages_key=kwargs.get("messages_key", "messages"))
+                                           record_key=record_key, messages_key=kwargs.get("messages_key", "messages"),
+                                           pauses=False)
         super().__init__(tools, wrap_tool_call=self.rehearsal.wrap, awrap_tool_call=self.rehearsal.awrap, **kwargs)
 
     def stalled(self, state: Any) -> str | None:

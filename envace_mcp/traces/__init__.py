@@ -1,8 +1,11 @@
 """Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
-rewards), stored crash-safely, read back for inspection and training."""
+rewards), stored crash-safely, read back for inspection and training, exported to OpenTelemetry
+backends and LangSmith datasets."""
 
 from envace_mcp.traces.importing import ImportSummary, load_catalog, read_log
+from envace_mcp.traces.langsmith import ExamplesSummary, read_examples, write_examples
 from envace_mcp.traces.mutating import MutationSummary, mutate_calls
+from envace_mcp.traces.otel import export_otel
 from envace_mcp.traces.recorder import RewardFunction, TraceRecorder, record_group, record_run, score
 from envace_mcp.traces.schema import SCHEMA_VERSION, Comparison, Reward, Step, Trace, read_trace
 from envace_mcp.traces.store import TraceStore, to_dataset
@@ -27,4 +30,9 @@ __all__ = [
     "mutate_calls",
     "ImportSummary",
     "MutationSummary",
+    # to other tools: OpenTelemetry backends (extra `otel`), LangSmith datasets
+    "export_otel",
+    "write_examples",
+    "read_examples",
+    "ExamplesSummary",
 ]

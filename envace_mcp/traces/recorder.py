@@ -140,7 +140,8 @@ class TraceRecorder:
                                     mismatches=known.get("mismatches") or [])
         self._add(role="tool", node=node, call_id=message.tool_call_id, tool=message.name or known.get("tool"),
                   arguments=known.get("arguments"), result=result, simulated=simulated,
-                  decision=known.get("decision"), reason=known.get("reason"), comparison=comparison)
+                  decision=known.get("decision"), reason=known.get("reason"), comparison=comparison,
+                  asked=known.get("asked"))
 
     def finish(self, state: dict[str, Any] | None = None, *, status: RunStatus | None = None,
                error: str | None = None) -> Trace:
@@ -187,6 +188,8 @@ async def record_run(graph: Any, graph_input: Any, *, context: Any = None, confi
     finished run before it is stored. `on_update(node, update)` sees each node's update as it arrives
     (a live transcript)."""
     recorder = recorder or TraceRecorder(context=context, **fields)
+    # the run's id reaches its nodes, so each call's `traceparent` names this trace (`graph.calls.call_meta`)
+    config = {**(config or {}), "metadata": {**(config or {}).get("metadata", {}), "envace_run_id": recorder.trace.run_id}}
     try:
         async for kind, chunk in graph.astream(graph_input, config, context=context,
                                                stream_mode=["updates", "custom", "values"]):

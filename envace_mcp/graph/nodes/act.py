@@ -1,6 +1,11 @@
 """act: one task per proposed call — execute it on the real server, answer it with its rehearsal
 (simulated), ask a human, or explain why it was not run (`graph.acting`, the act phase every form
-runs). Every path ends in a ToolMessage."""
+runs). Every path ends in a ToolMessage.
+
+Without an approver the node pauses with `interrupt()`, and on resume LangGraph runs it again from the
+start. So every round sent to a server (the call, and each answer to its questions) runs as a LangGraph
+task (`_round`), whose result the checkpoint keeps: on resume it is read back, not sent again. Each call
+carries the run's W3C `traceparent` in `_meta` (`calls.call_meta`)."""
 
 from __future__ import annotations
 
@@ -8,12 +13,13 @@ import inspect
 from dataclasses import replace
 from typing import Any
 
+from langgraph.func import task
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
 from envace_mcp.graph import calls
-from envace_mcp.graph.acting import act_async
+from envace_mcp.graph.acting import Respond, Run, act_async
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import ToolCall
@@ -38,15 +44,29 @@ async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, A
     def regate(edited: ToolCall) -> Proposal:
         return calls.gate([Proposal(edited, ctx.spec(edited.name))], mode=ctx.mode, config=ctx.gate)[0]
 
-    async def run(target: ToolCall, spec: ToolSpec | None) -> ToolResult:
-        return await call_tool(ctx.toolbox, target, spec)
+    async def send(step: Any) -> ToolResult:
+        if isinstance(step, Respond):
+            return await respond(ctx.toolbox, step, ctx.limits.max_input_rounds)
+        return await call_tool(ctx.toolbox, step.call, step.spec)
 
-    acted = await act_async(p, ask=lambda request: ask(ctx, request), run=run, regate=regate,
+    async def sent_once(step: Any) -> ToolResult:  # read back on a resume instead of sent again
+        if ctx.approve is not None:  # nothing pauses this run: nothing runs twice
+            return await send(step)
+        return ToolResult.model_validate(await _round(send, step))
+
+    acted = await act_async(p, ask=lambda request: ask(ctx, request),
+                            run=lambda target, spec: sent_once(Run(target, spec)), respond=sent_once, regate=regate,
                             sent=lambda target: calls.arguments_sent(ctx.toolbox, target))
     return {"messages": [acted.reply], "rehearsals": [acted.record], **({"real_calls": 1} if acted.ran else {})}
 
 
-async def ask(ctx: EnvaceContext, request: calls.ApprovalRequest) -> Any:
+@task(name="envace_round")
+async def _round(send: Any, step: Any) -> dict[str, Any]:
+    """One round sent to a server, as a task: its result (JSON, for the checkpoint) outlives an interrupt."""
+    return (await send(step)).model_dump(mode="json")
+
+
+async def ask(ctx: EnvaceContext, request: Any) -> Any:
     """The context's approver answers inside the run; without one, LangGraph's `interrupt()` pauses it."""
     if ctx.approve is None:
         return interrupt(request)
@@ -55,8 +75,25 @@ async def ask(ctx: EnvaceContext, request: calls.ApprovalRequest) -> Any:
 
 
 async def call_tool(backend: Any, call: ToolCall, spec: ToolSpec | None) -> ToolResult:
-    """Run `call` on the backend, routed only to the catalog entry the gate judged (`expect`): a backend
-    that takes no `expect` (one of your own) is called as before."""
+    """Run `call` on the backend, routed only to the catalog entry the gate judged (`expect`), with the
+    run's `traceparent` in `_meta`: a backend that takes no `expect` (one of your own) is called as before."""
+    backend = _traced(backend, call.id)
     if "expect" in inspect.signature(backend.call).parameters:
         return await backend.call(call.name, call.arguments, expect=spec)
     return await backend.call(call.name, call.arguments)
+
+
+async def respond(backend: Any, step: Respond, max_rounds: int) -> ToolResult:
+    """Continue a call whose server asked, with the answers; a backend that cannot ends the call."""
+    backend = _traced(backend, step.call.id)
+    if not hasattr(backend, "respond"):
+        return calls.result_of(step.call, calls.unanswered(step.call, "this tool backend cannot send answers"))  # type: ignore[return-value]
+    return await backend.respond(step.waiting, step.answers, expect=step.spec, max_rounds=max_rounds)
+
+
+def _traced(backend: Any, call_id: str) -> Any:
+    """The backend as a view whose calls carry the call's `traceparent` (`Toolbox` and `ToolboxScope`
+    make such views with `scoped`; the scope's own meta wins, a traceparent of its own included)."""
+    if not hasattr(backend, "scoped"):
+        return backend
+    return backend.scoped(calls.call_meta(call_id, getattr(backend, "meta", None)))
