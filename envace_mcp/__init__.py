@@ -2,18 +2,12 @@
 
 from envace_mcp._version import __version__
 from envace_mcp.errors import ConfigError, EnvaceError, UserError  # noqa: E402
-from envace_mcp.toolbox import (  # noqa: E402
-    ServerStartError,
-    ToolAnnotations,
-    Toolbox,
-    ToolCatalog,
-    ToolResult,
-    ToolSpec,
-    blocking_toolbox,
-    load_servers,
-)
+from envace_mcp.toolbox import ToolAnnotations, ToolCatalog, ToolResult, ToolSpec, load_servers  # noqa: E402
 
 _LAZY = {
+    "Toolbox": "envace_mcp.toolbox",
+    "blocking_toolbox": "envace_mcp.toolbox",
+    "ServerStartError": "envace_mcp.toolbox",
     "create_envace_graph": "envace_mcp.graph",
     "EnvaceContext": "envace_mcp.graph",
     "GateConfig": "envace_mcp.graph",
@@ -24,7 +18,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):  # noqa: ANN202 - graph and policy load langgraph/torch: only when asked
+def __getattr__(name: str):  # noqa: ANN202 - graph and policy load langgraph/torch, the toolbox `mcp`: only when asked
     if name in _LAZY:
         import importlib
 

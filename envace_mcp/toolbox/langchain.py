@@ -20,7 +20,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict
 
-from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec
+from envace_mcp.toolbox.catalog import MAX_NAME_CHARS, ToolAnnotations, ToolSpec
 from envace_mcp.toolbox.result import ToolResult
 
 _ARGS = "__envace_arguments"
@@ -80,20 +80,62 @@ def to_langchain_tools(scope: Any) -> list[MCPTool]:
     ]
 
 
-def spec_from_tool(tool: Any) -> ToolSpec:
+def spec_from_tool(tool: Any, *, trust_annotations: bool = True) -> ToolSpec:
     """The catalog entry of a LangChain tool: for ours (`MCPTool`), the very entry it was built from and
-    checks every call against; for any other, one made from its schema and `metadata` annotations; for a
-    tool in OpenAI's function format (a dict), one with the spec's defaults (destructive)."""
+    checks every call against; for a tool in OpenAI's function format (a dict), one with the spec's
+    defaults (destructive); for any other, one made from its schema and metadata, which is where
+    LangChain's MCP libraries keep what the server said:
+
+    - `langchain.mcp` (`MCPAdapter`): `metadata["mcp"]["tool"]["annotations"]` (snake_case hints) and
+      the server's name in `metadata["mcp"]["server"]["name"]`;
+    - `langchain-mcp-adapters`: the hints themselves as `metadata` (camelCase, `readOnlyHint`, ...); the
+      server's name is not kept;
+    - any tool: `metadata["annotations"]` in our own spelling (`{"read_only": True}`) and
+      `metadata["server"]`, `metadata["output_schema"]`.
+
+    Both libraries keep the server's input schema as `args_schema` (a dict, used as it is) and drop its
+    output schema. Hints are read as a toolbox reads a server's: only true/false values count, a missing or
+    contradictory one counts as destructive, and `trust_annotations=False` (a server you do not control)
+    ignores them, so every such tool counts as destructive.
+    """
     if isinstance(tool, MCPTool):
         return tool.spec
     if isinstance(tool, dict):
         fn = tool.get("function", tool)
         return ToolSpec.create(remote_name=fn["name"], server="langchain", description=fn.get("description"),
                                input_schema=fn.get("parameters"), output_schema=None, annotations=ToolAnnotations())
-    metadata = getattr(tool, "metadata", None) or {}
+    metadata = tool.metadata if isinstance(getattr(tool, "metadata", None), dict) else {}
+    hints, server = _origin(metadata)
     schema = tool.args_schema if isinstance(tool.args_schema, dict) else tool.tool_call_schema.model_json_schema()
-    return ToolSpec.create(remote_name=tool.name, server=str(metadata.get("server", "langchain")),
-                           description=tool.description, input_schema=schema,
-                           output_schema=metadata.get("output_schema"),
-                           annotations=ToolAnnotations.from_hints(
-                               {f"{k}_hint": v for k, v in (metadata.get("annotations") or {}).items()} or None))
+    output = metadata.get("output_schema")
+    return ToolSpec.create(remote_name=tool.name, server=server or "langchain", description=tool.description,
+                           input_schema=schema, output_schema=output if isinstance(output, dict) else None,
+                           annotations=ToolAnnotations.from_hints(hints) if trust_annotations
+                           else ToolAnnotations.untrusted(title=hints.get("title")))
+
+
+_HINTS = {"read_only": "readOnlyHint", "destructive": "destructiveHint", "idempotent": "idempotentHint",
+          "open_world": "openWorldHint"}
+
+
+def _origin(metadata: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A tool's annotation hints (as `ToolAnnotations.from_hints` reads them) and its server's name, from
+    wherever the library that made it keeps them (`spec_from_tool`)."""
+    nested = metadata.get("mcp")
+    if isinstance(nested, dict):  # langchain.mcp
+        tool, server = nested.get("tool"), nested.get("server")
+        raw = tool.get("annotations") if isinstance(tool, dict) else None
+        name = server.get("name") if isinstance(server, dict) else None
+    elif any(camel in metadata for camel in _HINTS.values()):  # langchain-mcp-adapters
+        raw, name = metadata, None
+    else:
+        raw, name = metadata.get("annotations"), metadata.get("server")
+    raw = raw if isinstance(raw, dict) else {}
+    hints: dict[str, Any] = {}
+    for short, camel in _HINTS.items():
+        value = next((raw[k] for k in (f"{short}_hint", camel, short) if k in raw), None)
+        if isinstance(value, bool):  # a server's "false" (a string) or 0 is no hint, not a yes
+            hints[f"{short}_hint"] = value
+    if isinstance(raw.get("title"), str):
+        hints["title"] = raw["title"]
+    return hints, (name[:MAX_NAME_CHARS] if isinstance(name, str) and name else None)

@@ -1,0 +1,285 @@
+"""MCP tools as LangChain users get them, from LangChain's own libraries, behind both drop-ins: `langchain.mcp`
+(mcp 2, in this environment) and langchain-mcp-adapters 0.3.2 (mcp<2: in an environment of its own, created
+on first use, where this same module runs the same scenario in a child process). The drop-ins read each
+tool's hints, schema and server from where its library put them, so the real to-do server's read runs
+unasked and its delete waits for a person who sees the rehearsed outcome.
+
+Run as a script in the adapters' environment (`test_langchain_mcp_tools.py SERVER_PYTHON`: a python with
+mcp 2, for the to-do server) it prints what the adapters' tools did, as JSON, for the parent test to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from envace_mcp.testing import ScriptedPolicy
+from envace_mcp.toolbox.langchain import spec_from_tool
+
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::langchain_core._api.LangChainBetaWarning")]
+ROOT = Path(__file__).resolve().parents[2]
+TODO_SERVER = ROOT / "examples" / "todo_server.py"
+ADAPTERS = ("langchain-mcp-adapters==0.3.2", "mcp<2", "httpx-sse>=0.4")
+"""The adapters and the mcp they pin; everything else they need comes from this environment (below)."""
+BOOT = ("import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')")
+"""`python -c BOOT SITE SCRIPT ARGS...`: SCRIPT, with SITE's packages after the interpreter's own."""
+DELETED = '<execution_result>{"id": "t2", "title": "Buy milk", "remaining": 2}</execution_result>'
+ANSWERS = {"approve": {"type": "approve"}, "reject": {"type": "reject", "message": "keep the milk"}}
+KINDS = {"list_todos": "read-only", "get_todo": "read-only", "add_todo": "not destructive",
+         "delete_todo": "destructive"}
+
+
+class ToolCallingFake(GenericFakeChatModel):
+    """A real BaseChatModel with scripted replies that accepts `bind_tools`."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ToolCallingFake:
+        return self
+
+
+async def gated_delete(tools: list[Any], todo_ids: Callable[[], Awaitable[list[str]]], answer: str,
+                       form: str) -> dict[str, Any]:
+    """One turn that lists the to-dos and deletes t2, run by `form`'s drop-in ("middleware": create_agent
+    pausing with interrupt(); "tool_node": a hand-built graph asking `approve=`) under the default gate,
+    and a person's `answer`: what the person was shown, what the model was told, what the server holds."""
+    from langchain.agents import create_agent
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+    from langgraph.types import Command
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.graph.tool_node import RehearsingToolNode
+
+    policy = ScriptedPolicy(rehearse=[DELETED])  # one rehearsal: the read is not rehearsed
+    model = ToolCallingFake(messages=iter([
+        AIMessage(content="", tool_calls=[{"name": "list_todos", "args": {}, "id": "c0"},
+                                          {"name": "delete_todo", "args": {"id": "t2"}, "id": "c1"}]),
+        AIMessage(content="Done.")]))
+    task = {"messages": [HumanMessage(content="Delete the milk to-do.")]}
+    shown: list[dict[str, Any]] = []
+    if form == "middleware":
+        middleware = RehearsalMiddleware(policy, tools=tools)
+        specs = middleware.core.specs
+        agent = create_agent(model, tools=tools, checkpointer=InMemorySaver(), middleware=[middleware])
+        config = {"configurable": {"thread_id": "t"}}
+        out = await agent.ainvoke(task, config)
+        shown = [pause.value for pause in out.get("__interrupt__", [])]
+        if shown:
+            out = await agent.ainvoke(Command(resume=ANSWERS[answer]), config)
+    else:
+        def review(request: dict[str, Any]) -> dict[str, Any]:
+            shown.append(request)
+            return ANSWERS[answer]
+
+        async def call_model(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [await model.ainvoke(state["messages"])]}
+
+        node = RehearsingToolNode(tools, policy, approve=review)
+        specs = node.rehearsal.specs
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", call_model)
+        builder.add_node("tools", node)
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition)
+        builder.add_edge("tools", "agent")
+        out = await builder.compile().ainvoke(task)
+    policy.assert_complete()
+    return {
+        "specs": {name: {"kind": s.annotations.kind, "server": s.server, "input_schema": s.input_schema}
+                  for name, s in specs.items()},
+        "shown": [{"name": r["name"], "description": r["description"]} for r in shown],
+        "replies": {m.name: {"status": m.status, "content": str(m.content)}
+                    for m in out["messages"] if isinstance(m, ToolMessage)},
+        "todos": sorted(await todo_ids()),
+    }
+
+
+def assert_gated(facts: dict[str, Any], answer: str, server: str) -> None:
+    """The read ran unasked; the delete waited for the person, who saw its rehearsed outcome; it reached the
+    server only when approved."""
+    assert {name: s["kind"] for name, s in facts["specs"].items()} == KINDS
+    assert {s["server"] for s in facts["specs"].values()} == {server}
+    (shown,) = facts["shown"]
+    assert shown["name"] == "delete_todo"
+    assert "Rehearsed outcome: succeeds" in shown["description"] and "Buy milk" in shown["description"]
+    replies = facts["replies"]
+    assert replies["list_todos"]["status"] == "success" and "File my taxes" in replies["list_todos"]["content"]
+    if answer == "approve":
+        assert replies["delete_todo"]["status"] == "success" and "Buy milk" in replies["delete_todo"]["content"]
+        assert facts["todos"] == ["t1", "t3"]
+    else:
+        assert replies["delete_todo"]["status"] == "error" and "keep the milk" in replies["delete_todo"]["content"]
+        assert facts["todos"] == ["t1", "t2", "t3"]
+
+
+async def listed_schemas() -> dict[str, dict[str, Any]]:
+    """The to-do server's input schemas as its own `tools/list` gives them."""
+    import mcp
+
+    sys.path.insert(0, str(TODO_SERVER.parent))
+    from todo_server import build_server
+
+    async with mcp.Client(build_server()) as client:
+        return {t.name: t.input_schema for t in (await client.list_tools()).tools}
+
+
+# ------------------------------------------------------------------ langchain.mcp (mcp 2)
+
+async def langchain_mcp_tools() -> tuple[list[Any], Any]:
+    from langchain.mcp import MCPAdapter
+
+    sys.path.insert(0, str(TODO_SERVER.parent))
+    from todo_server import build_server
+
+    server = build_server()
+    async with MCPAdapter(server) as adapter:
+        return await adapter.list_tools(), server
+
+
+@pytest.mark.parametrize("answer", ["approve", "reject"])
+@pytest.mark.parametrize("form", ["middleware", "tool_node"])
+async def test_langchain_mcp_tools_are_gated_by_their_servers_hints_and_a_delete_runs_only_when_approved(form, answer):
+    tools, server = await langchain_mcp_tools()
+
+    async def todo_ids() -> list[str]:
+        return list(server.todos)
+
+    facts = await gated_delete(tools, todo_ids, answer, form)
+    assert_gated(facts, answer, server="todo")
+    assert {name: s["input_schema"] for name, s in facts["specs"].items()} == await listed_schemas()
+
+
+async def test_hints_of_a_server_you_do_not_trust_are_ignored_so_its_read_waits_for_approval_too():
+    from langchain.agents import create_agent
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from envace_mcp.graph.middleware import RehearsalMiddleware
+
+    tools, server = await langchain_mcp_tools()
+    assert {spec_from_tool(t, trust_annotations=False).annotations.kind for t in tools} == {"destructive"}
+    model = ToolCallingFake(messages=iter([AIMessage(content="", tool_calls=[{"name": "list_todos", "args": {},
+                                                                              "id": "c0"}])]))
+    policy = ScriptedPolicy(rehearse=['<execution_result>{"todos": []}</execution_result>'])
+    middleware = RehearsalMiddleware(policy, tools=[spec_from_tool(t, trust_annotations=False) for t in tools])
+    agent = create_agent(model, tools=tools, checkpointer=InMemorySaver(), middleware=[middleware])
+    out = await agent.ainvoke({"messages": [HumanMessage(content="What is left?")]},
+                              {"configurable": {"thread_id": "t"}})
+    (pause,) = out["__interrupt__"]
+    assert pause.value["name"] == "list_todos" and "destructive" in pause.value["reason"]
+    policy.assert_complete()
+
+
+def test_other_tools_keep_their_reading_and_only_true_or_false_counts_as_a_hint():
+    from langchain_core.tools import StructuredTool
+
+    def tool(metadata: dict[str, Any] | None) -> StructuredTool:
+        def lookup(q: str) -> str:
+            """Look something up."""
+            return q
+
+        return StructuredTool.from_function(lookup, metadata=metadata)
+
+    plain = spec_from_tool(tool(None))
+    assert (plain.annotations.kind, plain.server, plain.input_schema["required"]) == ("destructive", "langchain", ["q"])
+    ours = spec_from_tool(tool({"annotations": {"read_only": True}, "server": "mine"}))
+    assert (ours.annotations.kind, ours.server) == ("read-only", "mine")
+    for claim in ({"readOnlyHint": "true"}, {"readOnlyHint": 1}, {"readOnlyHint": True, "destructiveHint": True},
+                  {"mcp": {"tool": {"annotations": {"read_only_hint": "yes"}}, "server": {"name": 7}}},
+                  {"mcp": {"tool": {"annotations": {"read_only_hint": True, "destructive_hint": True}}}}):
+        spec = spec_from_tool(tool(claim))
+        assert (spec.annotations.kind, spec.server) == ("destructive", "langchain"), claim
+    adapters = spec_from_tool(tool({"readOnlyHint": True, "destructiveHint": None, "_meta": {"x": 1}}))
+    assert adapters.annotations.kind == "read-only"
+
+
+# ------------------------------------------------------------------ langchain-mcp-adapters 0.3.2 (mcp<2)
+
+def adapters_python() -> str:
+    """The python of an environment holding only langchain-mcp-adapters and mcp 1.x (`ADAPTERS`), created on
+    first use under ENVACE_CACHE (~/.cache/envace-mcp). The child appends this environment's site-packages
+    after its own, so mcp 1.x comes first and everything else (langchain, langgraph, envace_mcp) is this
+    environment's: one copy of each, at the versions tested here."""
+    venv = Path(os.environ.get("ENVACE_CACHE", Path.home() / ".cache" / "envace-mcp")) / "venv-lma-0.3.2"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():  # a half-made one (an install cut short) is made again
+        subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                               *ADAPTERS], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            pytest.skip(f"could not install {' '.join(ADAPTERS)} into {venv} (no network?): {done.stderr[-600:]}")
+        (venv / ".complete").touch()
+    return str(python)
+
+
+def test_langchain_mcp_adapters_tools_are_gated_alike_in_an_environment_of_their_own():
+    here = sysconfig.get_paths()["purelib"]
+    done = subprocess.run([adapters_python(), "-c", BOOT, here, __file__, sys.executable], cwd=Path(__file__).parent,
+                          capture_output=True, text=True, timeout=240, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["mcp"].startswith("1.")  # the adapters' mcp, not this environment's
+    import anyio
+
+    schemas = anyio.run(listed_schemas)
+    for form in ("middleware", "tool_node"):
+        for answer in ANSWERS:
+            facts = report[form][answer]
+            assert_gated(facts, answer, server="langchain")  # the adapters keep no server name
+            assert {name: s["input_schema"] for name, s in facts["specs"].items()} == schemas
+
+
+@pytest.mark.slow
+def test_the_examples_run_as_written_and_approve_the_delete_after_showing_it():
+    """Both examples, with the embedded model rehearsing: the langchain.mcp one here, the adapters' one in
+    their environment (with this environment's site-packages after its own, as its docstring sets up)."""
+    runs = [[sys.executable, str(ROOT / "examples" / "langchain_mcp_agent.py")],
+            [adapters_python(), "-c", BOOT, sysconfig.get_paths()["purelib"],
+             str(ROOT / "examples" / "langchain_mcp_adapters_agent.py"), sys.executable]]
+    for command in runs:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert "approval requested:\ndelete_todo({\"id\": \"t2\"})" in done.stdout
+        assert "delete_todo: decision=ask approved=True ran=True" in done.stdout
+        assert "list_todos: decision=execute approved=None ran=True" in done.stdout
+
+
+async def _adapters_report(server_python: str) -> dict[str, Any]:
+    """In the adapters' environment: each drop-in and answer on the to-do server over stdio, one persistent
+    session (and server process) per run, so the delete's effect is read back from the same server."""
+    from importlib.metadata import version
+
+    from langchain_mcp_adapters.client import MultiServerMCPClient
+    from langchain_mcp_adapters.tools import load_mcp_tools
+
+    client = MultiServerMCPClient({"todo": {"transport": "stdio", "command": server_python,
+                                            "args": [str(TODO_SERVER)]}})
+    report: dict[str, Any] = {"mcp": version("mcp")}
+    for form in ("middleware", "tool_node"):
+        for answer in ANSWERS:
+            async with client.session("todo") as session:
+                async def todo_ids() -> list[str]:
+                    listed = await session.call_tool("list_todos", {})
+                    return [t["id"] for t in listed.structuredContent["todos"]]
+
+                tools = await load_mcp_tools(session, server_name="todo")
+                report.setdefault(form, {})[answer] = await gated_delete(tools, todo_ids, answer, form)
+    return report
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    print(json.dumps(asyncio.run(_adapters_report(sys.argv[1]))))
