@@ -303,7 +303,10 @@ def traces_export(
             from envace_mcp.traces.langsmith import write_examples
 
             assert out is not None
-            count = write_examples(traces, out, tokens=tokens)
+            left_out: list[str] = []
+            count = write_examples(traces, out, tokens=tokens, skipped=left_out)
+            for why in left_out:
+                console.print(Text.assemble(("warning: ", "yellow"), safe(why)), soft_wrap=True)
             console.print(safe(f"wrote {count} run(s) to {out}"), soft_wrap=True)
     except EnvaceError as exc:
         _fail(exc)

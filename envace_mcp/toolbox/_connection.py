@@ -39,6 +39,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ToolListChangedNotification
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from envace_mcp._text import visible
 from envace_mcp.errors import EnvaceError
 from envace_mcp.toolbox.asking import LegacyQuestions
 from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec, bound_tool
@@ -202,7 +203,7 @@ class Connection:
         await task_group.start(self._own, self.generation)
 
     def _start_error(self, why: str) -> ServerStartError:
-        tail = self.stderr_tail().strip()
+        tail = visible(self.stderr_tail().strip(), newlines=True)
         return ServerStartError(f"MCP server {self.name!r} {why}" + (f"\n--- server stderr ---\n{tail}" if tail else ""))
 
     async def ensure(self, task_group: TaskGroup) -> Client:
@@ -268,6 +269,7 @@ class Connection:
         try:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._client(stack))
+                _bounded_output_checks(client, self)
                 self.protocol_version = self._negotiated = client.protocol_version
                 self._phase = f"tools/list (protocol {client.protocol_version} negotiated)"
                 self._changed = anyio.Event()
@@ -339,6 +341,28 @@ class Connection:
         http = httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
         stack.push_async_callback(http.aclose)
         return Client(streamable_http_client(spec.url, http_client=http), **options)
+
+
+def _bounded_output_checks(client: Client, conn: Connection) -> None:
+    """The SDK checks a result's structuredContent against the tool's output schema itself, with plain
+    jsonschema: no time bound on `pattern`, `uniqueItems` pair by pair. A hostile schema and result held
+    the event loop every server shares for seconds to hours, past any call's timeout. The same check
+    runs here through the toolbox's bounded validator (`validation.SchemaValidator`), on the schema of
+    the listing the catalog holds; errors reach the caller as a malformed result, as the SDK's did."""
+
+    async def validate_tool_result(name: str, result: Any) -> None:
+        spec = next((tool for tool in conn.tools if tool.remote_name == name), None)
+        checks = spec.output_validator if spec is not None else None
+        if checks is None:
+            return
+        if result.structured_content is None and "structured_content" not in result.model_fields_set:
+            raise RuntimeError(f"Tool {name} has an output schema but did not return structured content")
+        problems = checks.errors(result.structured_content)
+        if problems:
+            where = f"field '{problems[0]['field']}': " if problems[0]["field"] else ""
+            raise RuntimeError(f"Invalid structured content returned by tool {name}: {where}{problems[0]['message']}")
+
+    client.session.validate_tool_result = validate_tool_result  # type: ignore[method-assign]
 
 
 async def _list_tools(client: Client, server: str, spec: ServerSpec) -> tuple[list[ToolSpec], set[str], list[str]]:
@@ -451,6 +475,7 @@ def _error_reply(exc: Exception) -> Any:
     if not isinstance(message_id, (int, str)) or isinstance(message_id, bool):
         return None
     reason = errors[0].get("msg", "unreadable") if errors else "unreadable"
+    reason = visible(str(reason))
     logger.warning("an MCP server's reply to request %r could not be read (%s); the call fails", message_id, reason)
     return SessionMessage(JSONRPCError(jsonrpc="2.0", id=message_id,
                                        error=ErrorData(code=PARSE_ERROR, message=f"unreadable reply: {reason}")))
@@ -491,5 +516,5 @@ def _describe(exc: BaseException) -> str:
     lines = str(exc).splitlines()
     if len(lines) > 4:  # pydantic lists every invalid field of a listing: the first few say enough
         lines = [*lines[:4], f"... ({len(lines) - 4} more lines)"]
-    text = "\n".join(lines)
+    text = visible("\n".join(lines), newlines=True)  # a server's words: logging prints them as they are
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

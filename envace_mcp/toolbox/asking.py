@@ -39,6 +39,9 @@ MAX_MESSAGE = 4000
 cut off could be the part that matters, as with a call's arguments)."""
 MAX_SCHEMA = 8000
 """Characters of one question's schema as JSON."""
+MAX_REQUEST_STATE = 64 * 1024
+"""Characters of a server's opaque state kept on a waiting call (and so in its graph state, checkpoint
+and trace) to be sent back: continuation state, not a payload."""
 ACTIONS = ("accept", "decline", "cancel")
 _FIELD_TYPES = frozenset({"string", "number", "integer", "boolean", "array"})
 
@@ -225,6 +228,9 @@ def waiting(raw: Any, *, tool: str, server: str, arguments: Any, resume: Resume 
             raise AskingError(f"the server kept asking: {round} rounds of questions, more than the "
                               f"{resume.max_rounds} allowed (max_input_rounds)")
         questions = read_questions(raw.input_requests or {})
+        if raw.request_state is not None and len(raw.request_state) > MAX_REQUEST_STATE:
+            raise AskingError(f"its request state is {len(raw.request_state):,} characters, more than the "
+                              f"{MAX_REQUEST_STATE:,} a waiting call keeps")
     except AskingError as exc:
         return ToolResult.error("tool_error", f"Tool '{tool}' asked for input that was not answered: {exc}; the call "
                                 "was not continued", tool=tool, server=server, arguments=arguments, latency_s=latency_s)

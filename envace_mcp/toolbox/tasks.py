@@ -69,9 +69,15 @@ class TaskPolicy:
 
     def wait(self, interval_ms: Any) -> float:
         """Seconds to wait before the next poll, from the server's suggestion (any JSON value)."""
-        if isinstance(interval_ms, bool) or not isinstance(interval_ms, (int, float)) or not math.isfinite(interval_ms):
+        if isinstance(interval_ms, bool) or not isinstance(interval_ms, (int, float)):
             return min(max(self.default_s, self.floor_s), self.cap_s)
-        return min(max(interval_ms / 1000, self.floor_s), self.cap_s)
+        try:  # an int past a float's range (10**400) overflows the conversion
+            seconds = float(interval_ms) / 1000
+        except OverflowError:
+            seconds = math.inf if interval_ms > 0 else -math.inf
+        if math.isnan(seconds):
+            return min(max(self.default_s, self.floor_s), self.cap_s)
+        return min(max(seconds, self.floor_s), self.cap_s)
 
 
 class TaskLife(BaseModel):

@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
+from envace_mcp._text import visible
 from envace_mcp.errors import UserError
 from envace_mcp.toolbox import tasks
 from envace_mcp.toolbox import asking
@@ -123,7 +124,7 @@ class Toolbox:
             bounds = self._rebuild_catalog()
             self._problems += [p for conn in self._connections.values() for p in conn.problems] + bounds
             for problem in self._problems:
-                logger.warning("%s", problem)
+                logger.warning("%s", visible(problem, newlines=True))  # logging prints as it gets
         except BaseException as exc:
             # Tear down without handing `exc` to our task group: it would re-raise it wrapped in
             # an ExceptionGroup, and callers should see the error they caused.
@@ -181,7 +182,7 @@ class Toolbox:
             problems = self._rebuild_catalog()
             for problem in [*conn.problems, *problems]:
                 if problem not in self._problems:
-                    logger.warning("%s", problem)
+                    logger.warning("%s", visible(problem, newlines=True))  # logging prints as it gets
                     self._problems.append(problem)
 
     # ------------------------------------------------------------------ catalog
@@ -378,7 +379,7 @@ class Toolbox:
             if _is_transport_failure(exc):
                 conn.mark_dead(generation, _describe(exc))
                 return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
-            return failed("tool_error", f"Tool '{name}' failed: {_describe(exc)}")
+            return watch.attach(failed("tool_error", f"Tool '{name}' failed: {_describe(exc)}"))
         note = conn.questions.note(refused)  # a 2025 server asked mid-call and was refused: say so
         return watch.attach(ToolResult(
             tool=name,

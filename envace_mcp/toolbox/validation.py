@@ -13,7 +13,8 @@ unbounded work:
   (`ArgumentValidator.refusal`), and the toolbox reports it when it opens;
 - `pattern` and `patternProperties` run on a backtracking engine with a time limit per match and per
   call (`PATTERN_MATCH_S`, `VALIDATION_BUDGET_S`): a catastrophic pattern fails the argument it was
-  checking, quickly, instead of stalling the event loop every run shares.
+  checking, quickly, instead of stalling the event loop every run shares; `uniqueItems` is checked in
+  one pass, not pair by pair.
 """
 
 from __future__ import annotations
@@ -270,6 +271,42 @@ def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterat
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """`uniqueItems` in one pass over the items' canonical JSON (jsonschema compares every pair: 3,000
+    small objects held the event loop for 11 s). Equal as JSON Schema counts equality: 1 and 1.0 are
+    the same, true and 1 are not, key order does not matter."""
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[str] = set()
+    for item in instance:
+        try:
+            key = json.dumps(_canonical(item), sort_keys=True)
+        except (TypeError, ValueError, RecursionError):
+            yield ValidationError("items cannot be compared (nested too deep or not JSON)")
+            return
+        if key in seen:
+            yield ValidationError(f"{shorten_repr(item)} appears more than once; items must be unique")
+            return
+        seen.add(key)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return ["n", int(value) if float(value).is_integer() and abs(value) < 2**63 else value]
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return repr(value)
+
+
+def shorten_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
     if not validator.is_type(instance, "object"):
         return
@@ -316,4 +353,4 @@ def _bounded(cls: Any) -> Any:
                                   f"name or pattern")
 
     return extend(cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
-                        "additionalProperties": additional_properties})
+                        "additionalProperties": additional_properties, "uniqueItems": _unique_items})

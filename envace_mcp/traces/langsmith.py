@@ -100,9 +100,11 @@ def to_example(trace: Trace, *, tokens: bool = False) -> dict[str, Any]:
             "metadata": {"source": SOURCE, **metadata}}
 
 
-def write_examples(traces: Iterable[Trace], path: str | Path, *, tokens: bool = False) -> int:
+def write_examples(traces: Iterable[Trace], path: str | Path, *, tokens: bool = False,
+                   skipped: list[str] | None = None) -> int:
     """Write runs as LangSmith examples, one JSON object a line; returns how many. The file appears whole
-    or not at all (written beside it, then renamed over it)."""
+    or not at all (written beside it, then renamed over it). A run that cannot be written as JSON (a
+    tool's reply nested deeper than serialisation allows) is left out, and why is appended to `skipped`."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{str(path)!r} is a folder; give the examples file to write (e.g. runs.jsonl)")
@@ -112,7 +114,13 @@ def write_examples(traces: Iterable[Trace], path: str | Path, *, tokens: bool = 
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             for trace in traces:
-                fh.write(json.dumps(to_example(trace, tokens=tokens), ensure_ascii=False) + "\n")
+                try:
+                    line = json.dumps(to_example(trace, tokens=tokens), ensure_ascii=False)
+                except (ValueError, RecursionError) as exc:
+                    if skipped is not None:
+                        skipped.append(f"run {trace.run_id[:200]!r} left out: {str(exc)[:200]}")
+                    continue
+                fh.write(line + "\n")
                 count += 1
         os.replace(temporary, path)
     except BaseException:

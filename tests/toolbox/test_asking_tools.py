@@ -66,6 +66,10 @@ def hostile_server() -> MCPServer:
         return InputRequiredResult(input_requests={"q": form("\x1b[2J" + "read me " * 20_000, PIN)})
 
     @server.tool()
+    async def hoard(ctx: Context) -> str | InputRequiredResult:
+        return InputRequiredResult(input_requests={"q": form("PIN?", PIN)}, request_state="s" * 3_000_000)
+
+    @server.tool()
     async def sample(ctx: Context) -> str | InputRequiredResult:
         ask = CreateMessageRequest(params=CreateMessageRequestParams(
             messages=[SamplingMessage(role="user", content=TextContent(type="text", text="hi"))], max_tokens=5))
@@ -114,6 +118,7 @@ async def test_a_server_that_asks_forever_ends_with_a_clear_error_after_the_allo
 
 @pytest.mark.parametrize("tool, why", [("nested", "malformed schema: field 'address'"),
                                        ("essay", f"more than the {MAX_MESSAGE}"),
+                                       ("hoard", "characters, more than the 65,536 a waiting call keeps"),
                                        ("sample", "sampling (a completion from this client's model)")])
 async def test_what_cannot_be_put_to_a_person_ends_the_call_with_an_error_that_says_why(tool, why):
     async with Toolbox({"h": hostile_server()}) as toolbox:

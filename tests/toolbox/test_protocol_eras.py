@@ -221,3 +221,58 @@ async def test_a_server_lying_about_its_era_connects_on_the_true_one_or_fails_al
     failed = next(p for p in problems if "'future'" in p)
     assert "\n" not in failed and "2099-01-01" in failed
     assert [e["method"] for e in wire(logs["liar"])][:3] == ["server/discover", "tools/list", "initialize"]
+
+
+def output_schema_server() -> Server:
+    """Results whose output schemas are costly to check the plain way: a catastrophic `pattern`, and
+    `uniqueItems` over thousands of objects (jsonschema compares every pair)."""
+    catastrophic = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
+    unique = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
+    listed = [types.Tool(name="evil", input_schema={"type": "object"}, output_schema=catastrophic),
+              types.Tool(name="many", input_schema={"type": "object", "properties": {"twice": {"type": "boolean"}}},
+                         output_schema=unique)]
+
+    async def list_tools(ctx, params):
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(ctx, params):
+        if params.name == "evil":
+            value = {"s": "a" * 40 + "!"}  # ~2^40 steps for a backtracking matcher
+        else:
+            items = [{"id": i, "tags": ["x"]} for i in range(3000)]
+            value = {"a": items + [{"tags": ["x"], "id": 7.0}] if (params.arguments or {}).get("twice") else items}
+        return types.CallToolResult(content=[types.TextContent(text="ok")], structured_content=value)
+
+    return Server("costly", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def test_a_results_output_schema_is_checked_with_bounds_so_a_hostile_one_cannot_stall_every_server():
+    """The SDK checks structuredContent against the output schema with plain jsonschema (no time bound,
+    pairwise `uniqueItems`): on this server that held the shared event loop for hours, past any timeout.
+    The toolbox runs the same check through its bounded validator: the results still fail or pass as
+    the schema says."""
+    async with Toolbox({"costly": output_schema_server()}, timeout=5) as toolbox:
+        with anyio.fail_after(30):  # a hang guard: unbounded, the first call alone would not end
+            evil = await toolbox.call("evil")
+            many = await toolbox.call("many")
+            twice = await toolbox.call("many", {"twice": True})
+    assert evil.error_kind == "tool_error" and "Invalid structured content" in evil.text and "'s'" in evil.text
+    assert not many.is_error and len(many.structured_content["a"]) == 3000
+    assert twice.error_kind == "tool_error" and "more than once" in twice.text  # 7.0 is 7, key order aside
+
+
+def test_unique_items_counts_equality_as_json_schema_does():
+    check = SchemaValidator({"type": "array", "uniqueItems": True})
+    assert check.errors([1, 1.0]) and check.errors([{"a": 1, "b": 2}, {"b": 2, "a": 1}])
+    assert not check.errors([1, True]) and not check.errors([0, False]) and not check.errors([[1], [1, 1]])
+    assert not check.errors(["1", 1]) and not check.errors([None, 0])
+
+
+def test_what_a_server_says_is_escaped_before_it_is_logged_or_quoted():
+    """Warnings (a failed re-list, a server that lied) go through Python's logging, which prints as it
+    gets: a server's message reaches them through `_describe`, escaped."""
+    from envace_mcp.toolbox._connection import _describe
+
+    text = _describe(RuntimeError("listing failed\x1b[2J\x1b]0;pwned\x07\u202e\nsecond line"))
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+    assert "\\x1b[2J" in text and text.endswith("second line")

@@ -168,3 +168,11 @@ async def test_a_destructive_task_tool_needs_approval_and_a_refused_one_never_cr
         # what the world model trains on is the task's final result, never its handle
         assert step.result["content"] == [{"type": "text", "text": "wiped users"}] and not step.result["is_error"]
         assert step.result["task"]["final_status"] == "completed"
+
+
+@pytest.mark.parametrize("suggested, waited", [(10**400, 5.0), (-(10**400), 0.05), (float("nan"), 1.0), ("1", 1.0),
+                                               (True, 1.0), (0, 0.05), (250, 0.25)])
+def test_any_suggested_poll_interval_a_server_sends_becomes_a_wait_within_the_floor_and_the_cap(suggested, waited):
+    from envace_mcp.toolbox.tasks import TaskPolicy
+
+    assert TaskPolicy().wait(suggested) == waited

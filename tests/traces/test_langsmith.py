@@ -340,3 +340,22 @@ def test_envace_traces_export_and_import_round_trip_a_folder_through_a_dataset_f
     done = subprocess.run([*ENVACE, "traces", "import", str(dataset), "--format", "langsmith", "--out",
                            str(tmp_path / "x"), "--catalog", str(dataset)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "carries its own catalog" in done.stderr
+
+
+def test_a_run_too_deep_to_serialise_is_left_out_of_the_examples_with_why_and_the_rest_are_written(tmp_path):
+    """A tool's reply nested past what serialisation allows (a trace file is untrusted) costs that run,
+    named and said why, not the export."""
+    deep: object = "x"
+    for _ in range(600):
+        deep = [deep]
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    base = {"kind": "trace", "schema_version": 3, "started_at": 1.0, "ended_at": 2.0, "task": "t", "status": "finished"}
+    lines = [dict(base, run_id="deep\x1b[2J", steps=[{"index": 0, "role": "tool", "call_id": "c1", "time": 1.2,
+                                                      "tool": "x", "arguments": {}, "result": {"value": deep}}]),
+             dict(base, run_id="plain", steps=[])]
+    (folder / "traces.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    skipped: list[str] = []
+    count = write_examples(list(TraceStore(folder).read()), tmp_path / "runs.jsonl", skipped=skipped)
+    assert count == 1 and [json.loads(l)["metadata"]["run_id"] for l in open(tmp_path / "runs.jsonl")] == ["plain"]
+    assert len(skipped) == 1 and "deep" in skipped[0]
