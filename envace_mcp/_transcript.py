@@ -161,6 +161,8 @@ class TerminalApprover:
 
         self.console.print(call_lines(request["name"], request.get("args", {}), Text("the tool asks: ", "magenta"),
                                       indent=3))
+        if request.get("problem"):
+            self.console.print(Text.assemble("      ", ("asked again: ", "yellow"), safe(str(request["problem"]))))
         stdin = self.stdin or sys.stdin
         if self.assume_yes or not (stdin and stdin.isatty()):
             why = "--yes approves calls, it answers no question" if self.assume_yes else "no terminal on stdin to ask"
@@ -183,16 +185,20 @@ class TerminalApprover:
             done = (await self._read(stdin, "      done? [y/N] ")).lower() in ("y", "yes")
             return {"action": "accept"} if done else {"action": "decline"}
         content: dict[str, Any] = {}
-        fields = (question.get("requested_schema") or {}).get("properties") or {}
+        schema = question.get("requested_schema") or {}
+        fields, required = schema.get("properties") or {}, set(schema.get("required") or [])
         for position, (name, field) in enumerate(fields.items()):
             for _ in range(3):
-                typed = await self._read(stdin, f"      {visible(str(name))}{_hint(field)}: ")
+                hint = _hint(field, "blank declines" if position == 0 else None if name in required else "blank skips")
+                typed = await self._read(stdin, f"      {visible(str(name))}{hint}: ")
                 if not typed and position == 0:
                     self.console.print(Text.assemble("      ", ("declined", "red")))
                     return {"action": "decline"}
                 try:
                     if typed:
                         content[str(name)] = _typed(typed, field)
+                    elif name in required:
+                        raise ValueError("this field is required")
                     break
                 except ValueError as exc:
                     self.console.print(Text.assemble("      ", ("not that: ", "yellow"), safe(str(exc))))
@@ -212,17 +218,19 @@ class TerminalApprover:
             self._waiting = False
 
 
-def _hint(field: Any) -> str:
-    """` (integer)`, ` (one of a, b)`: what a form field takes, from the server's (untrusted) schema."""
+def _hint(field: Any, blank: str | None = None) -> str:
+    """` (integer)`, ` (one of a, b; blank skips)`: what a form field takes, from the server's (untrusted)
+    schema, and what a blank line does."""
     if not isinstance(field, dict):
-        return ""
+        return f" ({blank})" if blank else ""
     items = field.get("items") if isinstance(field.get("items"), dict) else {}
     choices = field.get("enum") or items.get("enum")
     kind = str(field.get("type", ""))
     text = f"one of {', '.join(map(str, choices))}" if isinstance(choices, list) and choices else kind
     if kind == "array":
         text += ", comma-separated"
-    return f" ({visible(text[:200])})" if text else ""
+    text = "; ".join(filter(None, [visible(text[:200]), blank]))
+    return f" ({text})" if text else ""
 
 
 def _typed(text: str, field: Any) -> Any:

@@ -269,3 +269,27 @@ def test_servers_ls_lists_a_catalog_with_markup_and_escapes_in_its_names(tmp_pat
     assert code == 0, text
     assert "Tool catalog" in screen[0], text  # still on screen: no reset
     assert "[/]: string" in text and "to\\x1bM[conceal]?: string" in text and "memo\\x1bc?: string" in text
+
+
+def test_envace_call_answers_a_tools_question_at_the_terminal_and_prints_the_result(tmp_path):
+    """`envace call` on a tool that asks (a 2026 server over stdio): the question is asked on the
+    terminal, field by field, and the call finishes with the answer; stdout stays the result."""
+    log = tmp_path / "paid.jsonl"
+    servers = tmp_path / "servers.json"
+    servers.write_text(json.dumps({"mcpServers": {"pay": {"command": sys.executable, "env": {"ASKING_LOG": str(log)},
+                                                          "args": [str(TESTS / "servers" / "asking_server.py"), "modern"]}}}))
+    term = Terminal([sys.executable, "-m", "envace_mcp.cli", "call", "pay", '{"amount": 5}',
+                     "--servers", str(servers)], {})
+    try:
+        while "pin (string; blank declines):" not in term.text():
+            term.settle(0.2)
+            if not term.open:
+                raise AssertionError(term.text())
+        term.type("1234\n")
+        code = term.finish()
+    finally:
+        term.close()
+    text = term.text()
+    assert code == 0, text
+    assert "Enter the PIN that confirms this payment" in text and "paid 5" in text
+    assert [json.loads(line)["pin"] for line in log.read_text().splitlines()] == ["1234"]

@@ -167,12 +167,12 @@ def asking(questions):
 FORM = {"key": "who", "message": "Who books it?\x1b[2J", "mode": "form",
         "requested_schema": {"type": "object", "properties": {
             "name": {"type": "string"}, "seats": {"type": "integer"},
-            "size": {"type": "string", "enum": ["small", "large"]}, "extras": {"type": "array", "items": {"enum": ["tv", "tea"]}}}}}
+            "size": {"type": "string", "enum": ["small", "large"]}, "extras": {"type": "array", "items": {"enum": ["tv", "tea"]}}}, "required": ["seats"]}}
 
 
 def test_a_tools_questions_are_answered_on_the_terminal_field_by_field_typed_and_escaped():
     """A server's questions (`tool_input`) are asked on the terminal: each field typed as the schema says
-    (a wrong value asked again), a blank first field declines, a URL question is accepted once done; its
+    (a wrong value, or a blank required one, asked again), a blank first field declines, a URL question is accepted once done; its
     message is shown escaped. `--yes` and no terminal answer nothing."""
     shown = io.StringIO()
     console = Console(file=shown, width=200)
@@ -184,7 +184,7 @@ def test_a_tools_questions_are_answered_on_the_terminal_field_by_field_typed_and
 
     async def main(tty):
         async def person():
-            for number, line in enumerate(("Ada", "three", "3", "medium", "large", "tv, tea", "y", "")):
+            for number, line in enumerate(("Ada", "", "three", "3", "medium", "large", "tv, tea", "y", "")):
                 with anyio.fail_after(20):
                     while prompts() <= number:
                         await anyio.sleep(0.01)
@@ -205,7 +205,8 @@ def test_a_tools_questions_are_answered_on_the_terminal_field_by_field_typed_and
     assert declined == {"type": "respond", "responses": {"who": {"action": "decline"}}}
     text = shown.getvalue()
     assert "\x1b" not in text and "\\x1b[2J" in text and "https://pay.example/x" in text
-    assert "not that: " in text and "(one of small, large)" in text
+    assert "not that: this field is required" in text and "(one of small, large; blank skips)" in text
+    assert "name (string; blank declines)" in text
     with open(os.devnull) as not_a_terminal:
         for approver in (TerminalApprover(console, stdin=not_a_terminal),
                          TerminalApprover(console, stdin=not_a_terminal, assume_yes=True)):

@@ -126,7 +126,8 @@ def call(
     servers: ServersOpt = None,
     timeout: Annotated[float, typer.Option(callback=_positive, help="seconds before the call gives up")] = 60.0,
 ) -> None:
-    """Call one tool and print its result (errors are printed as data, exit code 1)."""
+    """Call one tool and print its result (errors are printed as data, exit code 1). A tool that asks
+    for input mid-call is answered at the terminal, field by field."""
     from envace_mcp.toolbox import Toolbox
 
     try:
@@ -137,8 +138,25 @@ def call(
         _fail(ValueError(f"arguments must be a JSON object, not {type(args).__name__}"))
 
     async def main() -> Any:
+        from envace_mcp._transcript import TerminalApprover
+        from envace_mcp.cli._common import err_console
+        from envace_mcp.graph.calls import read_input
+
         async with Toolbox(servers or _bundled_config(), timeout=timeout) as toolbox:
-            return await toolbox.call(tool, args)
+            result = await toolbox.call(tool, args)
+            person = TerminalApprover(err_console)  # stdout stays the JSON result
+            while result.input_required is not None:  # the server asks; no answer (no terminal) ends the call
+                questions = result.input_required["questions"]
+                request: dict[str, Any] = {"type": "tool_input", "name": tool, "args": args, "questions": questions}
+                answer = read_input(await person(request), questions)
+                for _ in range(2):  # answers that do not fit: asked again, told why
+                    if not answer.unusable:
+                        break
+                    answer = read_input(await person({**request, "problem": answer.why}), questions)
+                if answer.responses is None:
+                    break
+                result = await toolbox.respond(result, answer.responses)
+            return result
 
     try:
         result = anyio.run(main)

@@ -69,6 +69,10 @@ class Acted:
     """Whether a real tool ran."""
 
 
+ANSWER_TRIES = 3
+"""Times one round of a tool's questions is put to the person when the answers do not fit (a wrong key,
+a value the form refuses) before the call ends unanswered."""
+
 Regate = Callable[[ToolCall], Proposal]
 """Validates and gates an edited call as a proposal of its own, with the gate the run uses."""
 
@@ -108,8 +112,13 @@ def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | Non
         outcome = yield Run(target.call, target.spec)
         while (waiting := _waiting(outcome)) is not None:  # the server asks before it can finish
             questions, round = waiting.input_required["questions"], waiting.input_required["round"]  # type: ignore[index]
-            request = calls.input_request(target, questions, round, sent(target.call) if sent is not None else None)
-            answer = calls.read_input((yield Ask(request)), questions)
+            shown = sent(target.call) if sent is not None else None
+            answer = calls.read_input((yield Ask(calls.input_request(target, questions, round, shown))), questions)
+            for _ in range(ANSWER_TRIES - 1):  # answers that do not fit: asked again, told why
+                if not answer.unusable:
+                    break
+                request = calls.input_request(target, questions, round, shown, problem=answer.why)
+                answer = calls.read_input((yield Ask(request)), questions)
             record.setdefault("asked", []).append({"round": round, "questions": questions, "answers": answer.responses,
                                                    **({"why": answer.why} if answer.why else {})})
             if answer.responses is None:

@@ -98,6 +98,8 @@ class InputRequest(TypedDict):
     questions: list[Question]
     round: int
     rehearsal: NotRequired[dict[str, Any] | None]
+    problem: NotRequired[str]
+    """Why the last answers to these questions could not be used; present only when asked again."""
 
 
 @dataclass(frozen=True)
@@ -354,8 +356,10 @@ def read_approval(answer: Any, call: ToolCall) -> Approval:
     return Approval(answer is True)
 
 
-def input_request(p: Proposal, questions: list[Question], round: int, sent: Any = None) -> InputRequest:
-    """The request for the questions a running call's server asked (round `round`)."""
+def input_request(p: Proposal, questions: list[Question], round: int, sent: Any = None,
+                  problem: str | None = None) -> InputRequest:
+    """The request for the questions a running call's server asked (round `round`); `problem`: why the
+    last answers to them could not be used (the request then asks again, saying so)."""
     args = p.call.arguments if sent is None else sent
     lines = [call_text(p.call.name, args), f"The tool asks (round {round}):"]
     for q in questions:
@@ -368,9 +372,12 @@ def input_request(p: Proposal, questions: list[Question], round: int, sent: Any 
                       + (f", one of {visible(json.dumps(field['enum'], ensure_ascii=False))}" if "enum" in field else "")
                       for name, field in fields.items()]
     lines.append(f"Rehearsed outcome: {outcome_text(p.prediction)}")
+    if problem:
+        lines.append(f"Asked again: {visible(problem)}")
     return {"type": "tool_input", "tool_call_id": p.call.id, "name": p.call.name, "args": args,
             "description": "\n".join(lines), "questions": questions, "round": round,
-            "rehearsal": p.prediction.model_dump(mode="json") if p.prediction else None}
+            "rehearsal": p.prediction.model_dump(mode="json") if p.prediction else None,
+            **({"problem": problem} if problem else {})}
 
 
 @dataclass(frozen=True)
@@ -379,6 +386,9 @@ class InputAnswer:
 
     responses: dict[str, Answer] | None
     why: str | None = None
+    unusable: bool = False
+    """Answers were given that do not fit the questions (a wrong key, a value the form refuses): the
+    person is asked again, told why, rather than the call ending on a typo."""
 
 
 def read_input(answer: Any, questions: list[Question]) -> InputAnswer:
@@ -399,7 +409,7 @@ def read_input(answer: Any, questions: list[Question]) -> InputAnswer:
     try:
         return InputAnswer(read_answers(questions, answer.get("responses")))
     except AskingError as exc:
-        return InputAnswer(None, f"the answers could not be read: {exc}")
+        return InputAnswer(None, f"the answers could not be read: {exc}", unusable=True)
 
 
 # ------------------------------------------------------------------ trace context

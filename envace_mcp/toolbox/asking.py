@@ -28,6 +28,7 @@ from typing import Any, Literal
 from typing_extensions import NotRequired, TypedDict
 
 from envace_mcp.toolbox.result import ToolResult
+from envace_mcp.toolbox.validation import SchemaValidator
 
 MAX_INPUT_ROUNDS = 4
 """Rounds of questions one call may ask before the toolbox gives up: a confirmation and a follow-up or
@@ -155,8 +156,19 @@ def read_answers(questions: list[Question], answers: Any) -> dict[str, Answer]:
         if question["mode"] == "form" and not _flat(content):
             raise AskingError(f"the answer to {question['key']!r} accepts with no content, or content that is not an "
                               "object of strings, numbers, booleans and lists of strings")
+        if question["mode"] == "form":  # what the server would refuse, and the call with it, is caught here
+            problems = _checker(question.get("requested_schema") or {}).errors(content)
+            if problems:
+                where = f"field {problems[0]['field']!r}: " if problems[0]["field"] else ""
+                raise AskingError(f"the answer to {question['key']!r} does not fit its form: {where}"
+                                  f"{problems[0]['message'][:200]}")
         out[question["key"]] = {"action": "accept", "content": content if question["mode"] == "form" else None}
     return out
+
+
+def _checker(schema: Mapping[str, Any]) -> SchemaValidator:
+    """The (bounded) validator of a question's form; forms are small and checked once per answer."""
+    return SchemaValidator(schema)
 
 
 def _flat(content: Any) -> bool:

@@ -93,6 +93,31 @@ async def test_the_graph_asks_approval_then_the_tools_question_and_resuming_send
     assert out["final_answer"] == "Done."
 
 
+async def test_answers_that_do_not_fit_ask_again_saying_why_and_the_call_goes_on_with_the_next():
+    """A typo in an answer (a key the tool did not ask, a form field missing) does not end the call: the
+    same questions come back with the problem, and the next answers continue it."""
+    server = vault()
+    async with Toolbox({"vault": server}) as toolbox:
+        graph = create_envace_graph().compile(checkpointer=InMemorySaver())
+        context = EnvaceContext(policy=policy(), toolbox=toolbox, gate=GateConfig(require_approval="destructive"))
+        config = {"configurable": {"thread_id": "typo"}}
+        paused = await graph.ainvoke({"messages": [HumanMessage(content="Wipe box b1.")]}, config, context=context)
+        paused = await graph.ainvoke(Command(resume={paused["__interrupt__"][0].id: {"type": "approve"}}), config,
+                                     context=context)
+        wrong = {"type": "respond", "responses": {"confirn": {"action": "accept", "content": {"name": "b1"}}}}
+        paused = await graph.ainvoke(Command(resume={paused["__interrupt__"][0].id: wrong}), config, context=context)
+        (again,) = paused["__interrupt__"]
+        assert again.value["type"] == "tool_input" and "no answer for 'confirm'" in again.value["problem"]
+        assert "Asked again:" in again.value["description"] and server.rounds == [{}]  # nothing sent for the typo
+        empty = {"type": "respond", "responses": {"confirm": {"action": "accept", "content": {}}}}
+        paused = await graph.ainvoke(Command(resume={again.id: empty}), config, context=context)
+        (third,) = paused["__interrupt__"]
+        assert "does not fit its form" in third.value["problem"] and "'name' is a required property" in third.value["problem"]
+        out = await graph.ainvoke(Command(resume={third.id: CONFIRM}), config, context=context)
+    assert server.wiped == ["b1"] and server.rounds == [{}, {"confirm": "accept"}]
+    assert out["rehearsals"][0]["asked"][0]["answers"]["confirm"]["content"] == {"name": "b1"}
+
+
 async def test_an_approver_in_the_context_answers_the_question_inside_the_run():
     server, scripted = vault(), policy()
     shown: list[dict[str, Any]] = []
