@@ -309,5 +309,9 @@ def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announ
 
         shown = settings_text(recommended)
         whose = "the rehearse adapter's" if rehearse_adapter is not None else "the adapter's"
-        console.print(f"[dim]gate from {whose} envace.json: {shown} (--gate overrides)[/]")
+        from envace_mcp.graph.trust import read_trust
+
+        table = read_trust(rehearse_adapter if rehearse_adapter is not None else folder)
+        scope = f"; for the {len(table)} tool(s) its trust.json names (others: shown, not acted on)" if table else ""
+        console.print(f"[dim]gate from {whose} envace.json: {shown}{scope} (--gate overrides)[/]")
     return config, folder
