@@ -85,6 +85,11 @@ def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is eno
         elif step.role == "gate":
             console.print(Text.assemble("   gate: ", safe(f"{step.decision} — {step.reason}")))
         elif step.role == "tool":
+            if step.approved is not None:  # what the person said when the call was put to them
+                said = ("approved", "green") if step.approved else ("denied", "red")
+                edit = (f" as {step.edited.get('name')}({json.dumps(step.edited.get('args'), default=str)[:200]})"
+                        if step.edited else "")
+                console.print(Text.assemble("   ", said, safe(edit)))
             for asked in step.asked or []:  # what the server asked mid-call, and what it was told
                 for question in asked.get("questions") or []:
                     console.print(Text.assemble("   ", (f"tool asks (round {asked.get('round')}): ", "magenta"),

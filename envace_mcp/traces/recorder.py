@@ -141,7 +141,7 @@ class TraceRecorder:
         self._add(role="tool", node=node, call_id=message.tool_call_id, tool=message.name or known.get("tool"),
                   arguments=known.get("arguments"), result=result, simulated=simulated,
                   decision=known.get("decision"), reason=known.get("reason"), comparison=comparison,
-                  asked=known.get("asked"))
+                  approved=known.get("approved"), edited=known.get("edited"), asked=known.get("asked"))
 
     def finish(self, state: dict[str, Any] | None = None, *, status: RunStatus | None = None,
                error: str | None = None) -> Trace:

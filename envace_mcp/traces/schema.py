@@ -84,6 +84,10 @@ class Step(BaseModel):
     """Gate steps: how sure the rehearsal was of the outcome it predicted (the probability of its first
     token), what `GateConfig.min_failure_confidence` compares; None: not rehearsed, or no logprobs."""
     comparison: Comparison | None = None
+    approved: bool | None = None
+    """Tool steps of calls put to a person (`decision` "ask"): whether they approved (None: not asked)."""
+    edited: dict[str, Any] | None = None
+    """Tool steps: the call the person approved instead of the proposed one, `{"name", "args"}`."""
     asked: list[dict[str, Any]] | None = None
     """Tool steps: each round of questions the tool's server asked during the call (`toolbox.asking`), and
     what was answered: `{"round", "questions", "answers"}` (`answers` None: not answered, `why`)."""

@@ -7,6 +7,9 @@ and the call's `traceparent`. Real MCP servers in-process; scripted models."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -22,7 +25,7 @@ from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResul
 from envace_mcp.graph import EnvaceContext, GateConfig, create_envace_graph
 from envace_mcp.testing import ScriptedPolicy
 from envace_mcp.toolbox import Toolbox
-from envace_mcp.traces import record_run
+from envace_mcp.traces import TraceStore, record_run
 from envace_mcp.traces.context import traceparent
 
 pytestmark = pytest.mark.anyio
@@ -159,7 +162,7 @@ async def test_answers_given_for_an_approval_cannot_approve_a_call_and_a_rejecte
     assert server.rounds == [] and out["rehearsals"][0]["decision"] == "rejected_by_human"
 
 
-async def test_a_recorded_run_carries_its_traceparent_to_every_round_and_keeps_the_questions_in_its_trace():
+async def test_a_recorded_run_carries_its_traceparent_to_every_round_and_keeps_the_questions_in_its_trace(tmp_path):
     server = vault()
     async with Toolbox({"vault": server}) as toolbox:
         state, trace = await record_run(
@@ -171,6 +174,12 @@ async def test_a_recorded_run_carries_its_traceparent_to_every_round_and_keeps_t
     (tool,) = trace.steps_of("tool")
     assert tool.asked[0]["questions"][0]["message"] == "Type \x1b[31mb1\x1b[0m to wipe it"
     assert tool.asked[0]["answers"] == CONFIRM["responses"]
+    assert tool.decision == "ask" and tool.approved is True and tool.edited is None  # what the person said
+    TraceStore(tmp_path).append(trace)
+    shown = subprocess.run([sys.executable, "-m", "envace_mcp.cli", "traces", "show", trace.run_id, "--dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0 and "approved" in shown.stdout and "tool asks (round 1)" in shown.stdout
+    assert "\x1b" not in shown.stdout and "Type \\x1b[31mb1" in shown.stdout
 
 
 class ToolCallingFake(GenericFakeChatModel):
