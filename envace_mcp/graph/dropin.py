@@ -42,8 +42,13 @@ class ToolCallRehearsal:
     def __init__(self, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
                  mode: Mode = "real", tools: list[Any] | None = None,
                  approve: Callable[[calls.ApprovalRequest], Any] | None = None,
-                 record_key: str | None = None, messages_key: str = "messages", pauses: bool = True) -> None:
+                 record_key: str | None = None, messages_key: str = "messages", pauses: bool = True,
+                 trust_annotations: bool = True) -> None:
         self.policy = policy
+        self.trust_annotations = trust_annotations
+        """False: the hints of tools made by LangChain's MCP libraries (or any LangChain tool) are not
+        believed, so every call to them counts as destructive (`spec_from_tool`). Our toolbox's tools
+        keep the trust their server's config gives (`trust_annotations` there)."""
         self.gate = gate_for(policy, gate)
         self.limits = limits or RunLimits()
         self.sampling = context_sampling(policy).get("rehearse")
@@ -54,7 +59,7 @@ class ToolCallRehearsal:
         self.declared: set[str] = set()
         """Names the caller described with a `ToolSpec` of their own: their word over the tool's."""
         for tool in tools or []:
-            spec = tool if isinstance(tool, ToolSpec) else spec_from_tool(tool)
+            spec = tool if isinstance(tool, ToolSpec) else spec_from_tool(tool, trust_annotations=trust_annotations)
             self.specs[spec.name] = spec
             if isinstance(tool, ToolSpec):
                 self.declared.add(spec.name)
@@ -91,7 +96,7 @@ class ToolCallRehearsal:
         tool = request.tool if request.tool is not None and name == request.tool_call["name"] else self.tools.get(name)
         if name in self.declared or tool is None:
             return self.specs.get(name)
-        spec = spec_from_tool(tool)
+        spec = spec_from_tool(tool, trust_annotations=self.trust_annotations)
         self.specs[name] = spec
         return spec
 

@@ -77,17 +77,19 @@ class RehearsalMiddleware(AgentMiddleware):
     def __init__(self, policy: Policy, *, tools: list[Any] | None = None, gate: GateConfig | None = None,
                  limits: RunLimits | None = None, mode: Mode = "real",
                  approve: Callable[[calls.ApprovalRequest], Any] | None = None, memory: bool = True,
-                 world_model: Any = None) -> None:
+                 world_model: Any = None, trust_annotations: bool = True) -> None:
         """`world_model`: who rehearses, when not `policy` itself: the folder of a world model fitted to your
         tools (`envace world-model fit`; loaded on `policy`'s base model, its trust table read by the gate)
-        or another policy (`roles.with_world_model`)."""
+        or another policy (`roles.with_world_model`). `trust_annotations=False`: a LangChain tool's
+        read-only / destructive hints (what an MCP server you do not control claims) are not believed, and
+        every call to it waits for approval."""
         super().__init__()
         if world_model is not None:
             from envace_mcp.policy.roles import with_world_model
 
             policy = with_world_model(policy, world_model)
         self.core = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
-                                      record_key="rehearsals")
+                                      record_key="rehearsals", trust_annotations=trust_annotations)
         self.prerehearse = tools is not None
         self.memory = memory
         """Show the agent's model the rehearsal memory (as the EnvACE graph's act prompt does): a last

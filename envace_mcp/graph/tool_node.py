@@ -43,12 +43,14 @@ class RehearsingToolNode(ToolNode):
             `approve_blocked`). Required unless the gate opts out (`require_approval="never"`): a tool node runs
             all of a turn's calls in one task, so pausing with `interrupt()` would run the calls that already
             ran again on resume.
+        trust_annotations: False: the read-only / destructive hints of LangChain tools (LangChain's MCP
+            libraries', what a server you do not control claims) are not believed: every call is asked.
         **kwargs: `ToolNode`'s own (`handle_tool_errors`, `messages_key`, `name`, `tags`).
     """
 
     def __init__(self, tools: Any, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
                  mode: Mode = "real", approve: Any = None, record_key: str | None = None, world_model: Any = None,
-                 **kwargs: Any) -> None:
+                 trust_annotations: bool = True, **kwargs: Any) -> None:
         if world_model is not None:  # a world model fitted to your tools rehearses (`roles.with_world_model`)
             from envace_mcp.policy.roles import with_world_model
 
@@ -66,7 +68,7 @@ class RehearsingToolNode(ToolNode):
         tools = list(tools)
         self.rehearsal = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                            record_key=record_key, messages_key=kwargs.get("messages_key", "messages"),
-                                           pauses=False)
+                                           pauses=False, trust_annotations=trust_annotations)
         super().__init__(tools, wrap_tool_call=self.rehearsal.wrap, awrap_tool_call=self.rehearsal.awrap, **kwargs)
 
     def stalled(self, state: Any) -> str | None:

@@ -160,7 +160,8 @@ async def test_langchain_mcp_tools_are_gated_by_their_servers_hints_and_a_delete
     assert {name: s["input_schema"] for name, s in facts["specs"].items()} == await listed_schemas()
 
 
-async def test_hints_of_a_server_you_do_not_trust_are_ignored_so_its_read_waits_for_approval_too():
+@pytest.mark.parametrize("route", ["flag", "specs"])
+async def test_hints_of_a_server_you_do_not_trust_are_ignored_so_its_read_waits_for_approval_too(route):
     from langchain.agents import create_agent
     from langgraph.checkpoint.memory import InMemorySaver
 
@@ -171,7 +172,8 @@ async def test_hints_of_a_server_you_do_not_trust_are_ignored_so_its_read_waits_
     model = ToolCallingFake(messages=iter([AIMessage(content="", tool_calls=[{"name": "list_todos", "args": {},
                                                                               "id": "c0"}])]))
     policy = ScriptedPolicy(rehearse=['<execution_result>{"todos": []}</execution_result>'])
-    middleware = RehearsalMiddleware(policy, tools=[spec_from_tool(t, trust_annotations=False) for t in tools])
+    middleware = (RehearsalMiddleware(policy, tools=tools, trust_annotations=False) if route == "flag" else
+                  RehearsalMiddleware(policy, tools=[spec_from_tool(t, trust_annotations=False) for t in tools]))
     agent = create_agent(model, tools=tools, checkpointer=InMemorySaver(), middleware=[middleware])
     out = await agent.ainvoke({"messages": [HumanMessage(content="What is left?")]},
                               {"configurable": {"thread_id": "t"}})
