@@ -110,6 +110,8 @@ def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | Non
         action = "execute"
     if action == "execute":
         outcome = yield Run(target.call, target.spec)
+        if isinstance(outcome, ToolResult) and outcome.asked:  # a 2025 server asked mid-call, answered in-process
+            record.setdefault("asked", []).extend(outcome.asked)
         while (waiting := _waiting(outcome)) is not None:  # the server asks before it can finish
             questions, round = waiting.input_required["questions"], waiting.input_required["round"]  # type: ignore[index]
             shown = sent(target.call) if sent is not None else None

@@ -21,7 +21,7 @@ session, and the run cannot pause there: the toolbox refuses it with a message t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -257,23 +257,66 @@ def asks(raw: Any) -> bool:
     return getattr(raw, "result_type", None) == "input_required"
 
 
+Asker = Callable[[list[Question]], Awaitable[Mapping[str, Answer] | None]]
+"""Answers a 2025-era server's mid-call question in the caller's own way (a person asked in-process);
+None: not answered."""
+
+
 class LegacyQuestions:
     """A session's `elicitation_callback`: declares that this client asks people (so a 2026 server puts
-    its questions in an `InputRequiredResult`), and refuses a handshake-era server's mid-call
-    `elicitation/create`, keeping what it asked so the call's result can say so."""
+    its questions in an `InputRequiredResult`), and handles a handshake-era server's mid-call
+    `elicitation/create`. That request names no call, and the call waits for the answer, so a run cannot
+    pause for it: it is answered only when one call is in flight on the session and its caller gave an
+    `ask` (an approver that answers inside the run, `Toolbox.call(ask=...)`); otherwise refused, and what
+    it asked is kept so the call's result can say so."""
+
+    KEY = "elicitation"
+    """The key a mid-call question is shown under (the request has none of its own)."""
 
     def __init__(self, server: str) -> None:
         self.server = server
         self.asked: list[str] = []
         """Every refused question's message, in order (a call compares the count before and after)."""
+        self._calls: dict[int, tuple[Asker | None, list[dict[str, Any]]]] = {}
+        self._next = 0
+
+    def begin(self, ask: Asker | None) -> tuple[int, list[dict[str, Any]]]:
+        """A call starts on the session: its asker, and the list its answered questions go to."""
+        self._next += 1
+        answered: list[dict[str, Any]] = []
+        self._calls[self._next] = (ask, answered)
+        return self._next, answered
+
+    def end(self, token: int) -> None:
+        self._calls.pop(token, None)
 
     async def __call__(self, context: Any, params: Any) -> Any:
-        from mcp_types import INVALID_REQUEST, ErrorData
+        from mcp_types import INVALID_REQUEST, ElicitRequest, ElicitResult, ErrorData
 
+        in_flight = list(self._calls.values())
+        if len(in_flight) == 1 and in_flight[0][0] is not None:
+            ask, answered = in_flight[0]
+            try:
+                question = _question(self.KEY, ElicitRequest(params=params))
+            except (AskingError, ValueError) as exc:
+                return ErrorData(code=INVALID_REQUEST, message=f"not put to a person: {str(exc)[:300]}")
+            answers = await ask([question])
+            try:  # an asker of the caller's own is held to the same form as any answer
+                answers = read_answers([question], answers) if answers is not None else None
+            except AskingError:
+                answers = None
+            answered.append({"round": len(answered) + 1, "questions": [question], "answers": answers})
+            if answers is None:
+                return ElicitResult(action="cancel")
+            answer = answers[self.KEY]
+            return ElicitResult(action=answer["action"], content=answer.get("content"))
         self.asked.append(str(getattr(params, "message", ""))[:MAX_MESSAGE])
+        why = ("another call is in flight on this session, and the request does not say which one asks"
+               if len(in_flight) > 1 else "it cannot pause the run there to ask a person, and this call has no "
+               "in-process approver")
         return ErrorData(code=INVALID_REQUEST, message=(
-            "envace-mcp does not answer elicitation sent in the middle of a call (protocol 2025): it cannot pause "
-            "the run there to ask a person. Ask with an InputRequiredResult (protocol 2026-07-28) instead."))
+            f"envace-mcp does not answer this elicitation sent in the middle of a call (protocol 2025): {why}. "
+            "Ask with an InputRequiredResult (protocol 2026-07-28) instead."))
 
     def note(self, before: int) -> str | None:
         """What the result of a call says when the server asked during it (since `before` refusals)."""

@@ -47,6 +47,9 @@ class ToolResult(BaseModel):
     latency_s: float = 0.0
     input_required: dict[str, Any] | None = None
     """The server's questions when it asked before finishing (`toolbox.asking.InputRequired` JSON)."""
+    asked: list[dict[str, Any]] | None = None
+    """Questions a 2025-era server sent in the middle of this call (`elicitation/create`) that the caller's
+    `ask` answered: `[{"round", "questions", "answers"}]` (`answers` None: not answered)."""
     task: dict[str, Any] | None = None
     """When the server ran the call as a task (MCP tasks extension): its life as `toolbox.tasks.TaskLife`
     JSON — `task_id`, `statuses` ([status, seconds since creation] pairs), `polls`, `final_status`,

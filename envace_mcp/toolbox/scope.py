@@ -70,15 +70,17 @@ class ToolboxScope:
         return spec.without_parameters(bound) if bound else spec
 
     async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None,
-                   expect: ToolSpec | None = None) -> ToolResult:
+                   expect: ToolSpec | None = None, ask: Any = None) -> ToolResult:
         """The toolbox's `call` with this view's meta and bound arguments (`expect`: an entry of this
-        view's catalog, see `Toolbox.call`)."""
+        view's catalog; `ask`: answers a 2025-era server's mid-call questions; see `Toolbox.call`)."""
         arguments, refused = self._arguments(name, {} if arguments is None else arguments)
         if refused is None:
             expect, refused = self._expected(name, arguments, expect)
         if refused is not None:
             return refused
         checked = {"expect": expect} if expect is not None else {}  # a toolbox of its own may not take it
+        if ask is not None:
+            checked["ask"] = ask
         return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None, **checked)
 
     def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None,

@@ -237,6 +237,7 @@ class Toolbox:
         timeout: float | None = None,
         meta: Mapping[str, Any] | None = None,
         expect: ToolSpec | None = None,
+        ask: asking.Asker | None = None,
     ) -> ToolResult:
         """Call a tool by its catalog name. Never raises for tool, server or argument failures.
 
@@ -246,11 +247,19 @@ class Toolbox:
         checked in the same step that picks the server's session; otherwise it is not run and the
         result is a `tool_changed` error (a server that restarted with another listing can otherwise
         turn an approved read-only name into another server's destructive tool).
+        `ask`: answers questions a 2025-era server sends in the middle of the call (`elicitation/create`),
+        run on the caller's loop (`asking.LegacyQuestions`); without it they are refused. A 2026 server's
+        questions come back as a waiting result instead (`respond`).
         Safe to call from any thread or event loop: calls are carried to the toolbox's own loop.
         """
         self._require_open()
         _check_timeout(timeout)
-        coro = self._call(name, {} if arguments is None else arguments, timeout, meta, expect)
+        if ask is not None and not self._on_own_loop():  # the asker belongs to the caller's loop
+            caller, asker = asyncio.get_running_loop(), ask
+
+            async def ask(questions: list[Any]) -> Any:
+                return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asker(questions), caller))
+        coro = self._call(name, {} if arguments is None else arguments, timeout, meta, expect, ask=ask)
         if self._on_own_loop():
             return await coro
         assert self._loop is not None
@@ -311,7 +320,8 @@ class Toolbox:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def _call(self, name: str, arguments: Any, timeout: float | None, meta: Mapping[str, Any] | None,
-                    expect: ToolSpec | None = None, resume: asking.Resume | None = None) -> ToolResult:
+                    expect: ToolSpec | None = None, resume: asking.Resume | None = None, *,
+                    ask: asking.Asker | None = None) -> ToolResult:
         started = time.perf_counter()
         # Route: find the entry, bring a dead server back (which may change its listing and so the
         # catalog), and look again. The final look-up, the `expect` check, the validation and the choice
@@ -352,6 +362,7 @@ class Toolbox:
 
         asking.stop_at_questions(client)
         refused = len(conn.questions.asked)
+        token, answered = conn.questions.begin(ask)
         try:
             # tasks extension: a call the server runs as a task is polled to its end inside `call_tool` (and
             # cancelled there on timeout); `watch` collects its life for the result (toolbox/tasks.py)
@@ -380,6 +391,8 @@ class Toolbox:
                 conn.mark_dead(generation, _describe(exc))
                 return self._died(spec, arguments, f"server '{spec.server}' is unreachable: {_describe(exc)}", started, conn)
             return watch.attach(failed("tool_error", f"Tool '{name}' failed: {_describe(exc)}"))
+        finally:
+            conn.questions.end(token)
         note = conn.questions.note(refused)  # a 2025 server asked mid-call and was refused: say so
         return watch.attach(ToolResult(
             tool=name,
@@ -391,6 +404,7 @@ class Toolbox:
             is_error=bool(raw.is_error),
             error_kind="tool_error" if raw.is_error else None,
             latency_s=time.perf_counter() - started,
+            asked=answered or None,
         ))
 
     def _refused(self, spec: ToolSpec, arguments: Any, expect: ToolSpec | None) -> ToolResult | None:

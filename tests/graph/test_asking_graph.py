@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -212,3 +213,32 @@ async def test_create_agent_with_the_middleware_pauses_for_the_question_and_resu
     assert all(t is not None and t.startswith("00-") for t in server.traceparents)
     record = out["rehearsals"][0]
     assert record["asked"][0]["answers"] == CONFIRM["responses"] and json.dumps(record)
+
+
+async def test_a_2025_servers_mid_call_question_goes_to_the_runs_approver_in_the_approval_shape(tmp_path):
+    """A handshake-era server asks with `elicitation/create` while the call waits: with an approver in the
+    context (`envace run`'s terminal, say), the graph puts it in the same `tool_input` shape, after the
+    call's approval; the answer reaches the server and the record keeps both."""
+    server = str(Path(__file__).parents[1] / "servers" / "asking_server.py")
+    log = tmp_path / "log.jsonl"
+    config = {"pay": {"command": sys.executable, "args": [server, "legacy"], "env": {"ASKING_LOG": str(log)}}}
+    shown: list[dict[str, Any]] = []
+
+    def approve(request: dict[str, Any]) -> Any:
+        shown.append(request)
+        if request["type"] == "tool_approval":
+            return True
+        return {"type": "respond", "responses": {"elicitation": {"action": "accept", "content": {"pin": "7"}}}}
+
+    scripted = ScriptedPolicy(act=['<tool_call>{"name": "pay", "arguments": {"amount": 2}}</tool_call>', "Paid."],
+                              rehearse=['<execution_result>"paid 2"</execution_result>'])
+    async with Toolbox(config) as toolbox:
+        out = await create_envace_graph().compile().ainvoke(
+            {"messages": [HumanMessage(content="Pay 2.")]},
+            context=EnvaceContext(policy=scripted, toolbox=toolbox, approve=approve))
+    assert [r["type"] for r in shown] == ["tool_approval", "tool_input"]
+    assert shown[1]["questions"][0]["message"] == "Enter the PIN that confirms this payment"
+    assert [json.loads(line)["pin"] for line in log.read_text().splitlines()] == ["7"]
+    (record,) = out["rehearsals"]
+    assert record["approved"] is True and record["real"]["is_error"] is False
+    assert record["asked"][0]["answers"] == {"elicitation": {"action": "accept", "content": {"pin": "7"}}}

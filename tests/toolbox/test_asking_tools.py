@@ -179,3 +179,31 @@ async def test_a_2025_server_that_asks_mid_call_is_refused_and_the_result_says_s
     assert result.is_error and result.input_required is None and not log.exists()  # nothing paid
     assert "asked for input mid-call (protocol 2025 elicitation), which this client refuses" in result.text
     assert "Enter the PIN that confirms this payment" in result.text
+
+
+async def test_a_2025_servers_mid_call_question_is_answered_by_the_callers_ask_and_the_result_keeps_it(tmp_path):
+    """The same 2025 server, with an asker given to the call (an approver that answers inside the run):
+    the question is put to it while the call waits, its answer (checked against the form) reaches the
+    server, and the result keeps question and answer. A second call whose asker gives answers that do
+    not fit the form is cancelled, not sent them."""
+    log = tmp_path / "log.jsonl"
+    config = {"pay": {"command": sys.executable, "args": [SERVER, "legacy"], "env": {"ASKING_LOG": str(log)}}}
+    shown = []
+
+    async def ask(questions):
+        shown.append(questions)
+        return {"elicitation": {"action": "accept", "content": {"pin": "42"}}}
+
+    async def ask_badly(questions):
+        return {"elicitation": {"action": "accept", "content": {"pan": 1}}}
+
+    async with Toolbox(config) as toolbox:
+        paid = await toolbox.call("pay", {"amount": 3}, ask=ask)
+        unpaid = await toolbox.call("pay", {"amount": 4}, ask=ask_badly)
+    (questions,) = shown
+    assert questions[0]["message"] == "Enter the PIN that confirms this payment" and questions[0]["mode"] == "form"
+    assert not paid.is_error and paid.text == "paid 3"
+    assert paid.asked == [{"round": 1, "questions": questions,
+                           "answers": {"elicitation": {"action": "accept", "content": {"pin": "42"}}}}]
+    assert unpaid.is_error and unpaid.asked[0]["answers"] is None
+    assert [json.loads(line)["paid"] for line in log.read_text().splitlines()] == [3]

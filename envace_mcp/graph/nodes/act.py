@@ -19,7 +19,7 @@ from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
 from envace_mcp.graph import calls
-from envace_mcp.graph.acting import Respond, Run, act_async
+from envace_mcp.graph.acting import ANSWER_TRIES, Respond, Run, act_async
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import ToolCall
@@ -47,7 +47,21 @@ async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, A
     async def send(step: Any) -> ToolResult:
         if isinstance(step, Respond):
             return await respond(ctx.toolbox, step, ctx.limits.max_input_rounds)
-        return await call_tool(ctx.toolbox, step.call, step.spec)
+        if ctx.approve is None:  # a 2025 server's mid-call question cannot pause the run: refused
+            return await call_tool(ctx.toolbox, step.call, step.spec)
+        target = p if step.call == p.call else Proposal(step.call, step.spec)
+
+        async def answer(questions: list[Any]) -> Any:  # the approver answers it inside the run
+            shown = calls.arguments_sent(ctx.toolbox, target.call)
+            reply = calls.read_input(await ask(ctx, calls.input_request(target, questions, 1, shown)), questions)
+            for _ in range(ANSWER_TRIES - 1):
+                if not reply.unusable:
+                    break
+                request = calls.input_request(target, questions, 1, shown, problem=reply.why)
+                reply = calls.read_input(await ask(ctx, request), questions)
+            return reply.responses
+
+        return await call_tool(ctx.toolbox, step.call, step.spec, ask=answer)
 
     async def sent_once(step: Any) -> ToolResult:  # read back on a resume instead of sent again
         if ctx.approve is not None:  # nothing pauses this run: nothing runs twice
@@ -74,13 +88,14 @@ async def ask(ctx: EnvaceContext, request: Any) -> Any:
     return await answer if inspect.isawaitable(answer) else answer
 
 
-async def call_tool(backend: Any, call: ToolCall, spec: ToolSpec | None) -> ToolResult:
+async def call_tool(backend: Any, call: ToolCall, spec: ToolSpec | None, ask: Any = None) -> ToolResult:
     """Run `call` on the backend, routed only to the catalog entry the gate judged (`expect`), with the
-    run's `traceparent` in `_meta`: a backend that takes no `expect` (one of your own) is called as before."""
+    run's `traceparent` in `_meta`, and `ask` answering a 2025-era server's mid-call questions: a backend
+    that takes neither (one of your own) is called as before."""
     backend = _traced(backend, call.id)
-    if "expect" in inspect.signature(backend.call).parameters:
-        return await backend.call(call.name, call.arguments, expect=spec)
-    return await backend.call(call.name, call.arguments)
+    takes = inspect.signature(backend.call).parameters
+    extra = {**({"expect": spec} if "expect" in takes else {}), **({"ask": ask} if ask and "ask" in takes else {})}
+    return await backend.call(call.name, call.arguments, **extra)
 
 
 async def respond(backend: Any, step: Respond, max_rounds: int) -> ToolResult:
