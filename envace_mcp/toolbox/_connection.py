@@ -41,7 +41,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from envace_mcp._text import visible
 from envace_mcp.errors import EnvaceError
-from envace_mcp.toolbox.asking import LegacyQuestions
+from envace_mcp.toolbox.asking import LegacyQuestions, stop_at_questions
 from envace_mcp.toolbox.catalog import ToolAnnotations, ToolSpec, bound_tool
 from envace_mcp.toolbox.config import HttpServer, InProcessServer, ServerSpec, StdioServer
 from envace_mcp.toolbox.tasks import TasksClient
@@ -130,8 +130,8 @@ class Connection:
         """Bumped on every (re)start; a failure only kills the generation it happened on."""
         self.restarts = 0
         self.client: Client | None = None
-        self.questions = LegacyQuestions(name)
-        """Declares that this client asks people (elicitation), and refuses mid-call questions (toolbox.asking)."""
+        self.questions = LegacyQuestions()
+        """Declares that this client asks people (elicitation), and handles mid-call questions (toolbox.asking)."""
         self.protocol_version: str | None = None
         """The revision the live session negotiated (`2026-07-28`: stateless; a `2025-*` one: the
         initialize handshake); `None` while no session is up."""
@@ -147,9 +147,9 @@ class Connection:
         self._session_start = 0
         """The generation the live session started at: re-lists bump `generation` on the same session."""
         self._mode = "auto"
+        """How the next session negotiates: "legacy" once the server lied about speaking 2026-07-28."""
         self._negotiated: str | None = None
         """The revision the latest session negotiated, kept after it fails (`protocol_version` is not)."""
-        """How the next session negotiates: "legacy" once the server lied about speaking 2026-07-28."""
         self._phase = "server/discover or initialize"
         """What the start in progress waits for (named when it times out)."""
         self._changed = anyio.Event()
@@ -270,6 +270,7 @@ class Connection:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._client(stack))
                 _bounded_output_checks(client, self)
+                stop_at_questions(client)
                 self.protocol_version = self._negotiated = client.protocol_version
                 self._phase = f"tools/list (protocol {client.protocol_version} negotiated)"
                 self._changed = anyio.Event()
@@ -320,8 +321,9 @@ class Connection:
     def _client(self, stack: AsyncExitStack) -> Client:
         options: dict[str, Any] = {"client_info": _implementation(self.client_name), "mode": self._mode,
                                    "cache": self._cache, "message_handler": self._on_message,
-                                   "elicitation_callback": self.questions}
-        options["extensions"] = [TasksClient()]  # tasks extension: task handles are polled to their result (tasks.py)
+                                   "elicitation_callback": self.questions,
+                                   # tasks extension: task handles are polled to their result (tasks.py)
+                                   "extensions": [TasksClient()]}
         spec = self.spec
         if isinstance(spec, InProcessServer):
             return Client(spec.server, **options)

@@ -14,15 +14,16 @@ flat form of primitive fields, more than `MAX_QUESTIONS` at once, or a server st
 
 A handshake-era (2025) server asks with an `elicitation/create` request in the middle of a call. That
 request names no call on the wire (stdio), so it cannot be told apart from another call's on a shared
-session, and the run cannot pause there: the toolbox refuses it with a message that says why
-(`LegacyQuestions`), and the call's result says the server asked.
+session, and the run cannot pause there: it is answered by the call's own asker when one was given and
+no other call is in flight, and otherwise refused with a message that says why (`LegacyQuestions`);
+the call's result says what the server asked either way (`ToolResult.asked`, or a note in its text).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from typing_extensions import NotRequired, TypedDict
@@ -157,18 +158,13 @@ def read_answers(questions: list[Question], answers: Any) -> dict[str, Answer]:
             raise AskingError(f"the answer to {question['key']!r} accepts with no content, or content that is not an "
                               "object of strings, numbers, booleans and lists of strings")
         if question["mode"] == "form":  # what the server would refuse, and the call with it, is caught here
-            problems = _checker(question.get("requested_schema") or {}).errors(content)
+            problems = SchemaValidator(question.get("requested_schema") or {}).errors(content)
             if problems:
                 where = f"field {problems[0]['field']!r}: " if problems[0]["field"] else ""
                 raise AskingError(f"the answer to {question['key']!r} does not fit its form: {where}"
                                   f"{problems[0]['message'][:200]}")
         out[question["key"]] = {"action": "accept", "content": content if question["mode"] == "form" else None}
     return out
-
-
-def _checker(schema: Mapping[str, Any]) -> SchemaValidator:
-    """The (bounded) validator of a question's form; forms are small and checked once per answer."""
-    return SchemaValidator(schema)
 
 
 def _flat(content: Any) -> bool:
@@ -262,30 +258,46 @@ Asker = Callable[[list[Question]], Awaitable[Mapping[str, Answer] | None]]
 None: not answered."""
 
 
+@dataclass
+class MidCall:
+    """What a handshake-era server asked while one call was in flight (`LegacyQuestions.begin`)."""
+
+    ask: Asker | None
+    """The call's asker (None: its questions are refused)."""
+    answered: list[dict[str, Any]] = field(default_factory=list)
+    """Questions put to the asker, `{"round", "questions", "answers"}` (`ToolResult.asked`)."""
+    refused: list[str] = field(default_factory=list)
+    """Messages of questions refused while the call was in flight."""
+
+    def note(self, server: str) -> str | None:
+        """What the call's result says when the server asked during it and was refused."""
+        if not self.refused:
+            return None
+        quoted = "; ".join(json.dumps(m, ensure_ascii=False) for m in self.refused)
+        return (f"[envace-mcp: during this call server '{server}' asked for input mid-call (protocol 2025 "
+                f"elicitation), which this client refuses: {quoted}]")
+
+
 class LegacyQuestions:
     """A session's `elicitation_callback`: declares that this client asks people (so a 2026 server puts
     its questions in an `InputRequiredResult`), and handles a handshake-era server's mid-call
     `elicitation/create`. That request names no call, and the call waits for the answer, so a run cannot
     pause for it: it is answered only when one call is in flight on the session and its caller gave an
-    `ask` (an approver that answers inside the run, `Toolbox.call(ask=...)`); otherwise refused, and what
-    it asked is kept so the call's result can say so."""
+    `ask` (an approver that answers inside the run, `Toolbox.call(ask=...)`); otherwise refused, and
+    each call in flight keeps what was asked so its result can say so."""
 
     KEY = "elicitation"
     """The key a mid-call question is shown under (the request has none of its own)."""
 
-    def __init__(self, server: str) -> None:
-        self.server = server
-        self.asked: list[str] = []
-        """Every refused question's message, in order (a call compares the count before and after)."""
-        self._calls: dict[int, tuple[Asker | None, list[dict[str, Any]]]] = {}
+    def __init__(self) -> None:
+        self._calls: dict[int, MidCall] = {}
         self._next = 0
 
-    def begin(self, ask: Asker | None) -> tuple[int, list[dict[str, Any]]]:
-        """A call starts on the session: its asker, and the list its answered questions go to."""
+    def begin(self, ask: Asker | None) -> tuple[int, MidCall]:
+        """A call starts on the session: its token (for `end`) and its record."""
         self._next += 1
-        answered: list[dict[str, Any]] = []
-        self._calls[self._next] = (ask, answered)
-        return self._next, answered
+        self._calls[self._next] = MidCall(ask)
+        return self._next, self._calls[self._next]
 
     def end(self, token: int) -> None:
         self._calls.pop(token, None)
@@ -294,34 +306,28 @@ class LegacyQuestions:
         from mcp_types import INVALID_REQUEST, ElicitRequest, ElicitResult, ErrorData
 
         in_flight = list(self._calls.values())
-        if len(in_flight) == 1 and in_flight[0][0] is not None:
-            ask, answered = in_flight[0]
+        if len(in_flight) == 1 and in_flight[0].ask is not None:
+            call = in_flight[0]
             try:
                 question = _question(self.KEY, ElicitRequest(params=params))
             except (AskingError, ValueError) as exc:
                 return ErrorData(code=INVALID_REQUEST, message=f"not put to a person: {str(exc)[:300]}")
-            answers = await ask([question])
+            answers = await call.ask([question])
             try:  # an asker of the caller's own is held to the same form as any answer
                 answers = read_answers([question], answers) if answers is not None else None
             except AskingError:
                 answers = None
-            answered.append({"round": len(answered) + 1, "questions": [question], "answers": answers})
+            call.answered.append({"round": len(call.answered) + 1, "questions": [question], "answers": answers})
             if answers is None:
                 return ElicitResult(action="cancel")
             answer = answers[self.KEY]
             return ElicitResult(action=answer["action"], content=answer.get("content"))
-        self.asked.append(str(getattr(params, "message", ""))[:MAX_MESSAGE])
+        message = str(getattr(params, "message", ""))[:MAX_MESSAGE]
+        for call in in_flight:  # the request names no call: each one in flight says the server asked
+            call.refused.append(message)
         why = ("another call is in flight on this session, and the request does not say which one asks"
                if len(in_flight) > 1 else "it cannot pause the run there to ask a person, and this call has no "
                "in-process approver")
         return ErrorData(code=INVALID_REQUEST, message=(
             f"envace-mcp does not answer this elicitation sent in the middle of a call (protocol 2025): {why}. "
             "Ask with an InputRequiredResult (protocol 2026-07-28) instead."))
-
-    def note(self, before: int) -> str | None:
-        """What the result of a call says when the server asked during it (since `before` refusals)."""
-        if len(self.asked) <= before:
-            return None
-        quoted = "; ".join(json.dumps(m, ensure_ascii=False) for m in self.asked[before:])
-        return (f"[envace-mcp: during this call server '{self.server}' asked for input mid-call (protocol 2025 "
-                f"elicitation), which this client refuses: {quoted}]")

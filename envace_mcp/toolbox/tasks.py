@@ -69,14 +69,14 @@ class TaskPolicy:
 
     def wait(self, interval_ms: Any) -> float:
         """Seconds to wait before the next poll, from the server's suggestion (any JSON value)."""
-        if isinstance(interval_ms, bool) or not isinstance(interval_ms, (int, float)):
-            return min(max(self.default_s, self.floor_s), self.cap_s)
-        try:  # an int past a float's range (10**400) overflows the conversion
-            seconds = float(interval_ms) / 1000
-        except OverflowError:
-            seconds = math.inf if interval_ms > 0 else -math.inf
-        if math.isnan(seconds):
-            return min(max(self.default_s, self.floor_s), self.cap_s)
+        seconds = self.default_s
+        if isinstance(interval_ms, (int, float)) and not isinstance(interval_ms, bool):
+            try:  # an int past a float's range (10**400) overflows the conversion
+                seconds = float(interval_ms) / 1000
+            except OverflowError:
+                seconds = math.inf if interval_ms > 0 else -math.inf
+            if math.isnan(seconds):
+                seconds = self.default_s
         return min(max(seconds, self.floor_s), self.cap_s)
 
 
@@ -229,7 +229,7 @@ async def _cancel(session: ClientSession, task_id: str, life: TaskLife, policy: 
         try:
             await session.send_request(_CancelTask(params=_TaskIdParams(task_id=task_id)), Result)
         except Exception as exc:  # the call's own outcome is what the caller needs; this one is only logged
-            logger.warning("tasks/cancel for task %s failed: %s", life.task_id, visible(_said(str(exc))))
+            logger.warning("tasks/cancel for task %s failed: %s", life.task_id, _said(str(exc)))
 
 
 def _error(life: TaskLife, what: str) -> CallToolResult:

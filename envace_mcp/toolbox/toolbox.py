@@ -26,8 +26,7 @@ from pydantic import ValidationError
 
 from envace_mcp._text import visible
 from envace_mcp.errors import UserError
-from envace_mcp.toolbox import tasks
-from envace_mcp.toolbox import asking
+from envace_mcp.toolbox import asking, tasks
 from envace_mcp.toolbox._connection import Connection, ServerStartError, _describe
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec, bound_catalog, name_tools
 from envace_mcp.toolbox.config import ServerSpec, load_servers
@@ -259,11 +258,8 @@ class Toolbox:
 
             async def ask(questions: list[Any]) -> Any:
                 return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asker(questions), caller))
-        coro = self._call(name, {} if arguments is None else arguments, timeout, meta, expect, ask=ask)
-        if self._on_own_loop():
-            return await coro
-        assert self._loop is not None
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        return await self._on_loop(self._call(name, {} if arguments is None else arguments, timeout, meta, expect,
+                                              ask=ask))
 
     def call_sync(
         self,
@@ -313,7 +309,10 @@ class Toolbox:
             raise UserError(f"answers to tool {waiting.tool!r}: {exc}") from None
         resume = asking.Resume(checked, pending["request_state"], pending["round"],
                                max_rounds if max_rounds is not None else self.max_input_rounds)
-        coro = self._call(waiting.tool, waiting.arguments, timeout, meta, expect, resume)
+        return await self._on_loop(self._call(waiting.tool, waiting.arguments, timeout, meta, expect, resume))
+
+    async def _on_loop(self, coro: Any) -> Any:
+        """Await `coro` on the toolbox's own loop, from it or from any other thread's loop."""
         if self._on_own_loop():
             return await coro
         assert self._loop is not None
@@ -360,9 +359,7 @@ class Toolbox:
             return ToolResult.error(kind, message, tool=name, server=spec.server, arguments=arguments,
                                     details=details or None, latency_s=time.perf_counter() - started)
 
-        asking.stop_at_questions(client)
-        refused = len(conn.questions.asked)
-        token, answered = conn.questions.begin(ask)
+        token, mid_call = conn.questions.begin(ask)
         try:
             # tasks extension: a call the server runs as a task is polled to its end inside `call_tool` (and
             # cancelled there on timeout); `watch` collects its life for the result (toolbox/tasks.py)
@@ -378,7 +375,7 @@ class Toolbox:
             if exc.code == CONNECTION_CLOSED:
                 conn.mark_dead(generation, "connection closed during a call")
                 return self._died(spec, arguments, f"server '{spec.server}' died during the call", started, conn)
-            asked = conn.questions.note(refused)  # a 2025 server that asked mid-call, refused, and failed for it
+            asked = mid_call.note(spec.server)  # a 2025 server that asked mid-call, refused, and failed for it
             return failed("tool_error", f"Tool '{name}' failed with a protocol error {exc.code}: {exc}"
                           + (f"\n{asked}" if asked else ""), code=exc.code)
         except _TRANSPORT_ERRORS as exc:
@@ -393,7 +390,7 @@ class Toolbox:
             return watch.attach(failed("tool_error", f"Tool '{name}' failed: {_describe(exc)}"))
         finally:
             conn.questions.end(token)
-        note = conn.questions.note(refused)  # a 2025 server asked mid-call and was refused: say so
+        note = mid_call.note(spec.server)  # a 2025 server asked mid-call and was refused: say so
         return watch.attach(ToolResult(
             tool=name,
             server=spec.server,
@@ -404,7 +401,7 @@ class Toolbox:
             is_error=bool(raw.is_error),
             error_kind="tool_error" if raw.is_error else None,
             latency_s=time.perf_counter() - started,
-            asked=answered or None,
+            asked=mid_call.answered or None,
         ))
 
     def _refused(self, spec: ToolSpec, arguments: Any, expect: ToolSpec | None) -> ToolResult | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
+import reprlib
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -285,7 +286,7 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> It
             yield ValidationError("items cannot be compared (nested too deep or not JSON)")
             return
         if key in seen:
-            yield ValidationError(f"{shorten_repr(item)} appears more than once; items must be unique")
+            yield ValidationError(f"{reprlib.repr(item)} appears more than once; items must be unique")
             return
         seen.add(key)
 
@@ -300,11 +301,6 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     return repr(value)
-
-
-def shorten_repr(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _pattern_properties(validator: Any, patterns: Mapping[str, Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
