@@ -295,7 +295,7 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, (int, float)):
-        return ["n", int(value) if float(value).is_integer() and abs(value) < 2**63 else value]
+        return ["n", int(value) if abs(value) < 2**63 and float(value).is_integer() else value]  # 10**400: no float
     if isinstance(value, Mapping):
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

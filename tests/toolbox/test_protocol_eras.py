@@ -266,6 +266,7 @@ def test_unique_items_counts_equality_as_json_schema_does():
     assert check.errors([1, 1.0]) and check.errors([{"a": 1, "b": 2}, {"b": 2, "a": 1}])
     assert not check.errors([1, True]) and not check.errors([0, False]) and not check.errors([[1], [1, 1]])
     assert not check.errors(["1", 1]) and not check.errors([None, 0])
+    assert not check.errors([10**400, 1]) and check.errors([10**400, 10**400])  # past a float's range
 
 
 def test_what_a_server_says_is_escaped_before_it_is_logged_or_quoted():
