@@ -140,19 +140,17 @@ def call(
     async def main() -> Any:
         from envace_mcp._transcript import TerminalApprover
         from envace_mcp.cli._common import err_console
-        from envace_mcp.graph.calls import read_input
+        from envace_mcp.graph.acting import ask_answers
+        from envace_mcp.graph.calls import Proposal
+        from envace_mcp.policy.types import ToolCall
 
         async with Toolbox(servers or _bundled_config(), timeout=timeout) as toolbox:
             result = await toolbox.call(tool, args)
             person = TerminalApprover(err_console)  # stdout stays the JSON result
+            call = Proposal(ToolCall(id="call", name=tool, arguments=args), toolbox.catalog.get(tool))
             while result.input_required is not None:  # the server asks; no answer (no terminal) ends the call
-                questions = result.input_required["questions"]
-                request: dict[str, Any] = {"type": "tool_input", "name": tool, "args": args, "questions": questions}
-                answer = read_input(await person(request), questions)
-                for _ in range(2):  # answers that do not fit: asked again, told why
-                    if not answer.unusable:
-                        break
-                    answer = read_input(await person({**request, "problem": answer.why}), questions)
+                waiting = result.input_required
+                answer = await ask_answers(person, call, waiting["questions"], waiting["round"])
                 if answer.responses is None:
                     break
                 result = await toolbox.respond(result, answer.responses)

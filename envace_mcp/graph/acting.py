@@ -115,12 +115,7 @@ def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | Non
         while (waiting := _waiting(outcome)) is not None:  # the server asks before it can finish
             questions, round = waiting.input_required["questions"], waiting.input_required["round"]  # type: ignore[index]
             shown = sent(target.call) if sent is not None else None
-            answer = calls.read_input((yield Ask(calls.input_request(target, questions, round, shown))), questions)
-            for _ in range(ANSWER_TRIES - 1):  # answers that do not fit: asked again, told why
-                if not answer.unusable:
-                    break
-                request = calls.input_request(target, questions, round, shown, problem=answer.why)
-                answer = calls.read_input((yield Ask(request)), questions)
+            answer = yield from answers_to(target, questions, round, shown)
             record.setdefault("asked", []).append({"round": round, "questions": questions, "answers": answer.responses,
                                                    **({"why": answer.why} if answer.why else {})})
             if answer.responses is None:
@@ -137,6 +132,44 @@ def act_steps(p: Proposal, regate: Regate, sent: Callable[[ToolCall], Any] | Non
     return Acted(calls.refusal(p), record, False)
 
 
+def answers_to(p: Proposal, questions: list[Any], round: int, shown: Any = None,
+               ) -> Generator[Ask, Any, calls.InputAnswer]:
+    """Put a round of a tool's questions to the person (`Ask`), again while the answers do not fit (a wrong
+    key, a value the form refuses: told why, `ANSWER_TRIES` times in all), and return their answer."""
+    answer = calls.read_input((yield Ask(calls.input_request(p, questions, round, shown))), questions)
+    for _ in range(ANSWER_TRIES - 1):
+        if not answer.unusable:
+            break
+        answer = calls.read_input((yield Ask(calls.input_request(p, questions, round, shown, problem=answer.why))),
+                                  questions)
+    return answer
+
+
+async def ask_answers(ask: Callable[[Any], Any], p: Proposal, questions: list[Any], round: int = 1,
+                      shown: Any = None) -> calls.InputAnswer:
+    """`answers_to` driven by an approver of its own (sync or async), outside the act phase: a 2025
+    server's mid-call question, `envace call`."""
+    steps = answers_to(p, questions, round, shown)
+    step: Any = _next(steps, None)
+    while isinstance(step, Ask):
+        reply = ask(step.request)
+        step = _next(steps, await reply if inspect.isawaitable(reply) else reply)
+    return step
+
+
+async def send_answers(backend: Any, step: Respond, max_rounds: int) -> Any:
+    """Continue a call whose server asked, through `backend` (a toolbox, or an MCP tool's scope: the
+    server the call went to), with the call's `traceparent`; a backend that cannot take answers ends it."""
+    backend = calls.traced(backend, step.call.id)
+    if not hasattr(backend, "respond"):
+        return _cannot_answer(step)
+    return await backend.respond(step.waiting, step.answers, expect=step.spec, max_rounds=max_rounds)
+
+
+def _cannot_answer(step: Respond) -> ToolResult | None:
+    return calls.result_of(step.call, calls.unanswered(step.call, "this tool cannot be sent answers"))
+
+
 def _waiting(outcome: Any) -> ToolResult | None:
     """The result of a call whose server asked for input, from a toolbox's `ToolResult` or a tool handler's
     reply carrying one (our MCP tools put it in the artifact)."""
@@ -151,7 +184,8 @@ def _reply(call: ToolCall, outcome: Any) -> tuple[Any, ToolResult | None]:
     return outcome, calls.result_of(call, outcome) if isinstance(outcome, ToolMessage) else None
 
 
-def _next(steps: Generator[Ask | Run | Respond, Any, Acted], answer: Any) -> Ask | Run | Respond | Acted:
+def _next(steps: Generator[Any, Any, Any], answer: Any) -> Any:
+    """The generator's next step after `answer`, or the value it returned."""
     try:
         return steps.send(answer)
     except StopIteration as done:
@@ -169,7 +203,7 @@ def _answer(step: Ask | Run | Respond, ask: Callable[[Any], Any], run: Callable[
     if isinstance(step, Run):
         return run(step.call, step.spec)
     if respond is None:  # a tool that cannot be continued: its questions end it
-        return calls.result_of(step.call, calls.unanswered(step.call, "this tool cannot be sent answers"))
+        return _cannot_answer(step)
     return respond(step)
 
 

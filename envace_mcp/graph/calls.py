@@ -34,11 +34,7 @@ from envace_mcp.policy.prompts import NOT_EXECUTED, tool_call_text
 from envace_mcp.policy.types import ActRequest, Example, Generation, Prediction, RehearseRequest, SamplingParams, ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
 from envace_mcp.toolbox.asking import Answer, AskingError, Question, read_answers
-from envace_mcp.traces.context import traceparent
-
-RUN_ID = "envace_run_id"
-"""The key of the run's id in LangGraph's config metadata (`traces.recorder.record_run` sets it to its
-trace's `run_id`): the trace id every call's `traceparent` names."""
+from envace_mcp.traces.context import RUN_ID, traceparent
 
 
 class RehearsalRecord(TypedDict, total=False):
@@ -421,6 +417,14 @@ def call_meta(call_id: str, meta: Mapping[str, Any] | None = None) -> dict[str, 
     if "traceparent" not in meta:
         meta["traceparent"] = traceparent(run_id(), f"call:{call_id}")
     return meta
+
+
+def traced(backend: Any, call_id: str) -> Any:
+    """A toolbox, or an MCP tool's scope, as a view whose calls carry call `call_id`'s `traceparent` (the
+    view's own meta wins, a traceparent of its own included); a backend of your own as it is."""
+    if not hasattr(backend, "scoped"):
+        return backend
+    return backend.scoped(call_meta(call_id, getattr(backend, "meta", None)))
 
 
 def run_id() -> str:

@@ -23,7 +23,7 @@ from langgraph.types import Command, interrupt
 
 from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
-from envace_mcp.graph.acting import Acted, Respond, act_async, act_sync
+from envace_mcp.graph.acting import Acted, Respond, act_async, act_sync, send_answers
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.graph.nodes._common import emit
@@ -204,10 +204,7 @@ class ToolCallRehearsal:
     async def _respond(self, request: Any, step: Respond) -> Any:
         """Send the answers to the server the call went to (an MCP tool's scope, with the call's trace)."""
         scope = getattr(self._tool(request, step.call.name), "scope", None)
-        if not hasattr(scope, "respond"):
-            return calls.result_of(step.call, calls.unanswered(step.call, "this tool cannot be sent answers"))
-        return await _traced(scope, step.call.id).respond(step.waiting, step.answers, expect=step.spec,
-                                                          max_rounds=self.limits.max_input_rounds)
+        return await send_answers(scope, step, self.limits.max_input_rounds)
 
     def _tool(self, request: Any, name: str) -> Any:
         return request.tool if name == request.tool_call["name"] else self.tools.get(name)
@@ -223,7 +220,7 @@ class ToolCallRehearsal:
         tool = self._tool(request, call.name)
         scope = getattr(tool, "scope", None)
         if hasattr(scope, "scoped"):
-            tool = tool.model_copy(update={"scope": _traced(scope, call.id)})
+            tool = tool.model_copy(update={"scope": calls.traced(scope, call.id)})
         elif call.name == request.tool_call["name"] and call.arguments == request.tool_call["args"]:
             return request
         return request.override(tool_call={**request.tool_call, "name": call.name, "args": call.arguments}, tool=tool)
@@ -235,11 +232,6 @@ class ToolCallRehearsal:
         if not self.record_key or not isinstance(reply, ToolMessage):
             return reply
         return Command(update={self.messages_key: [reply], self.record_key: [acted.record]})
-
-
-def _traced(scope: Any, call_id: str) -> Any:
-    """An MCP tool's scope whose calls carry call `call_id`'s `traceparent` (the scope's own meta wins)."""
-    return scope.scoped(calls.call_meta(call_id, getattr(scope, "meta", None)))
 
 
 def _sent(request: Any, call: ToolCall) -> Any:

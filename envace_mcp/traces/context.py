@@ -12,6 +12,10 @@ from __future__ import annotations
 import hashlib
 import re
 
+RUN_ID = "envace_run_id"
+"""The key of the run's id in LangGraph's config metadata: `record_run` sets it to its trace's `run_id`,
+and the graph's calls name that trace in their `traceparent` (`graph.calls.call_meta`)."""
+
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
 

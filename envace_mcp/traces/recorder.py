@@ -21,6 +21,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 
+from envace_mcp.traces.context import RUN_ID
 from envace_mcp.traces.schema import Comparison, Reward, RunStatus, Step, Trace
 from envace_mcp.toolbox import ToolResult
 
@@ -189,7 +190,7 @@ async def record_run(graph: Any, graph_input: Any, *, context: Any = None, confi
     (a live transcript)."""
     recorder = recorder or TraceRecorder(context=context, **fields)
     # the run's id reaches its nodes, so each call's `traceparent` names this trace (`graph.calls.call_meta`)
-    config = {**(config or {}), "metadata": {**(config or {}).get("metadata", {}), "envace_run_id": recorder.trace.run_id}}
+    config = {**(config or {}), "metadata": {**(config or {}).get("metadata", {}), RUN_ID: recorder.trace.run_id}}
     try:
         async for kind, chunk in graph.astream(graph_input, config, context=context,
                                                stream_mode=["updates", "custom", "values"]):

@@ -5,7 +5,7 @@ runs). Every path ends in a ToolMessage.
 Without an approver the node pauses with `interrupt()`, and on resume LangGraph runs it again from the
 start. So every round sent to a server (the call, and each answer to its questions) runs as a LangGraph
 task (`_round`), whose result the checkpoint keeps: on resume it is read back, not sent again. Each call
-carries the run's W3C `traceparent` in `_meta` (`calls.call_meta`)."""
+carries the run's W3C `traceparent` in `_meta` (`calls.traced`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
 from envace_mcp.graph import calls
-from envace_mcp.graph.acting import ANSWER_TRIES, Respond, Run, act_async
+from envace_mcp.graph.acting import Respond, Run, act_async, ask_answers, send_answers
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import ToolCall
@@ -46,20 +46,14 @@ async def act(payload: ActInput, runtime: Runtime[EnvaceContext]) -> dict[str, A
 
     async def send(step: Any) -> ToolResult:
         if isinstance(step, Respond):
-            return await respond(ctx.toolbox, step, ctx.limits.max_input_rounds)
+            return await send_answers(ctx.toolbox, step, ctx.limits.max_input_rounds)
         if ctx.approve is None:  # a 2025 server's mid-call question cannot pause the run: refused
             return await call_tool(ctx.toolbox, step.call, step.spec)
         target = p if step.call == p.call else Proposal(step.call, step.spec)
 
         async def answer(questions: list[Any]) -> Any:  # the approver answers it inside the run
             shown = calls.arguments_sent(ctx.toolbox, target.call)
-            reply = calls.read_input(await ask(ctx, calls.input_request(target, questions, 1, shown)), questions)
-            for _ in range(ANSWER_TRIES - 1):
-                if not reply.unusable:
-                    break
-                request = calls.input_request(target, questions, 1, shown, problem=reply.why)
-                reply = calls.read_input(await ask(ctx, request), questions)
-            return reply.responses
+            return (await ask_answers(lambda request: ask(ctx, request), target, questions, shown=shown)).responses
 
         return await call_tool(ctx.toolbox, step.call, step.spec, ask=answer)
 
@@ -92,23 +86,7 @@ async def call_tool(backend: Any, call: ToolCall, spec: ToolSpec | None, ask: An
     """Run `call` on the backend, routed only to the catalog entry the gate judged (`expect`), with the
     run's `traceparent` in `_meta`, and `ask` answering a 2025-era server's mid-call questions: a backend
     that takes neither (one of your own) is called as before."""
-    backend = _traced(backend, call.id)
+    backend = calls.traced(backend, call.id)
     takes = inspect.signature(backend.call).parameters
     extra = {**({"expect": spec} if "expect" in takes else {}), **({"ask": ask} if ask and "ask" in takes else {})}
     return await backend.call(call.name, call.arguments, **extra)
-
-
-async def respond(backend: Any, step: Respond, max_rounds: int) -> ToolResult:
-    """Continue a call whose server asked, with the answers; a backend that cannot ends the call."""
-    backend = _traced(backend, step.call.id)
-    if not hasattr(backend, "respond"):
-        return calls.result_of(step.call, calls.unanswered(step.call, "this tool backend cannot send answers"))  # type: ignore[return-value]
-    return await backend.respond(step.waiting, step.answers, expect=step.spec, max_rounds=max_rounds)
-
-
-def _traced(backend: Any, call_id: str) -> Any:
-    """The backend as a view whose calls carry the call's `traceparent` (`Toolbox` and `ToolboxScope`
-    make such views with `scoped`; the scope's own meta wins, a traceparent of its own included)."""
-    if not hasattr(backend, "scoped"):
-        return backend
-    return backend.scoped(calls.call_meta(call_id, getattr(backend, "meta", None)))
