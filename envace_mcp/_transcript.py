@@ -122,8 +122,6 @@ class TerminalApprover:
     async def _ask(self, request: dict[str, Any]) -> Any:
         import sys
 
-        import anyio
-
         if request.get("type") == "tool_input":
             return await self._answer(request)
         self.console.print(call_lines(request["name"], request.get("args", {}), Text("approval needed: ", "magenta"),
@@ -137,20 +135,10 @@ class TerminalApprover:
             self.console.print(Text.assemble("      ", ("denied:", "red"), " no terminal on stdin to ask (pass --yes, or "
                                              "--gate require_approval=never, to run such calls unasked)"))
             return NO_TERMINAL  # the agent is told nobody could be asked, not that a person said no
-        _discard_typed_ahead(stdin)
-        self.console.print(Text("      run it? [y/N] "), end="")
-        self._waiting = True
-        try:
-            reply = await anyio.to_thread.run_sync(stdin.readline)  # off the loop: other runs go on
-        finally:
-            self._waiting = False
-        answer = reply.strip().lower() in ("y", "yes")
+        answer = (await self._read(stdin, "      run it? [y/N] ")).lower() in ("y", "yes")
         self.console.print(Text.assemble("      ", ("approved", "green") if answer else ("denied", "red")))
-        held, self._held = self._held, []
-        for renderables in held:
-            self.console.print(*renderables)
+        self._release_held()
         return answer
-
 
     async def _answer(self, request: dict[str, Any]) -> Any:
         """A running call's server asks (`tool_input`): each question is shown (escaped) and answered field
@@ -173,9 +161,7 @@ class TerminalApprover:
         responses = {}
         for question in request.get("questions") or []:
             responses[question["key"]] = await self._one_question(question, stdin)
-        held, self._held = self._held, []
-        for renderables in held:
-            self.console.print(*renderables)
+        self._release_held()
         return {"type": "respond", "responses": responses}
 
     async def _one_question(self, question: dict[str, Any], stdin: Any) -> dict[str, Any]:
@@ -207,6 +193,8 @@ class TerminalApprover:
         return {"action": "accept", "content": content}
 
     async def _read(self, stdin: Any, prompt: str) -> str:
+        """One line typed after `prompt` (what was typed before it is discarded), read off the loop so other
+        runs go on; what they print meanwhile is held (`show`)."""
         import anyio
 
         _discard_typed_ahead(stdin)
@@ -216,6 +204,12 @@ class TerminalApprover:
             return (await anyio.to_thread.run_sync(stdin.readline)).strip()
         finally:
             self._waiting = False
+
+    def _release_held(self) -> None:
+        """Print what was held while a question waited, once it is answered."""
+        held, self._held = self._held, []
+        for renderables in held:
+            self.console.print(*renderables)
 
 
 def _hint(field: Any, blank: str | None = None) -> str:
