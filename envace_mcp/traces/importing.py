@@ -67,9 +67,7 @@ class ImportSummary:
             lines.append(f"{self.invalid_arguments} call(s) kept whose arguments break their tool's input schema "
                          "(they ran: the server's reply is still the truth)")
         if self.skipped:
-            shown = "; ".join(f"line {number}: {why}" for number, why in self.skipped[:SHOWN])
-            more = f"; and {len(self.skipped) - SHOWN} more" if len(self.skipped) > SHOWN else ""
-            lines.append(f"skipped {len(self.skipped)} line(s): {shown}{more}")
+            lines.append(skipped_lines(self.skipped))
         if self.unknown_tools:
             lines.append(f"skipped {sum(self.unknown_tools.values())} call(s) to tools the catalog lacks: "
                          f"{_names(self.unknown_tools)}")
@@ -161,17 +159,34 @@ class _Episode:
     """`(tool, arguments, the call as logged)` in order."""
 
 
-def _episode(raw: bytes, default_id: str) -> _Episode:
+def json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """One line of a JSONL file as a JSON object (`what` it should be, for the message); a `ValueError`
+    saying in a few words why it is not one. Shared by the files runs are imported from."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise _Skipped("not UTF-8 text") from None
+        raise ValueError("not UTF-8 text") from None
     except RecursionError:
-        raise _Skipped("nested too deep") from None
+        raise ValueError("nested too deep") from None
     except ValueError as exc:
-        raise _Skipped(f"not JSON ({str(exc)[:80]})") from None
+        raise ValueError(f"not JSON ({str(exc)[:80]})") from None
     if not isinstance(data, dict):
-        raise _Skipped(f"a JSON {_kind(data)}, not an episode object")
+        raise ValueError(f"a JSON {_kind(data)}, not {what}")
+    return data
+
+
+def skipped_lines(skipped: list[tuple[int, str]]) -> str:
+    """`skipped N line(s): line 2: why; ...` for a summary, the first `SHOWN` named."""
+    shown = "; ".join(f"line {number}: {why}" for number, why in skipped[:SHOWN])
+    more = f"; and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
+    return f"skipped {len(skipped)} line(s): {shown}{more}"
+
+
+def _episode(raw: bytes, default_id: str) -> _Episode:
+    try:
+        data = json_object(raw, "an episode object")
+    except ValueError as exc:
+        raise _Skipped(str(exc)) from None
     episode_id = data.get("id", default_id)
     if isinstance(episode_id, int) and not isinstance(episode_id, bool):
         episode_id = str(episode_id)

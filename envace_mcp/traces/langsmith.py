@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
+from envace_mcp.traces.importing import SHOWN, json_object, skipped_lines
 from envace_mcp.traces.schema import Trace, read_trace
 
 SOURCE = "envace-mcp"
@@ -38,8 +39,6 @@ SOURCE = "envace-mcp"
 TOKEN_FIELDS = ("prompt_ids", "completion_ids", "logprobs")
 _IN_INPUTS = ("task", "tools")
 _IN_OUTPUTS = ("final_answer", "steps")
-SHOWN = 5
-"""Skipped lines a summary names (the rest are counted)."""
 
 
 # ---------------------------------------------------------------------------- named steps of live runs
@@ -142,9 +141,7 @@ class ExamplesSummary:
         """The summary as lines of text; they quote the file, so a terminal shows them through `safe`."""
         lines = [f"imported {self.runs} run(s) from {self.path}"]
         if self.skipped:
-            shown = "; ".join(f"line {number}: {why}" for number, why in self.skipped[:SHOWN])
-            more = f"; and {len(self.skipped) - SHOWN} more" if len(self.skipped) > SHOWN else ""
-            lines.append(f"skipped {len(self.skipped)} line(s): {shown}{more}")
+            lines.append(skipped_lines(self.skipped))
         return lines
 
 
@@ -163,7 +160,7 @@ def read_examples(path: str | Path) -> tuple[list[Trace], ExamplesSummary]:
             if not line.strip():
                 continue
             try:
-                traces.append(from_example(_parse(line)))
+                traces.append(from_example(json_object(line, "an example object")))
             except ValueError as exc:
                 torn = " (the file's last line, cut short)" if not line.endswith(b"\n") else ""
                 summary.skipped.append((number, f"{str(exc)[:200]}{torn}"))
@@ -172,18 +169,6 @@ def read_examples(path: str | Path) -> tuple[list[Trace], ExamplesSummary]:
         why = "; ".join(f"line {n}: {w}" for n, w in summary.skipped[:SHOWN]) or "it is empty"
         raise UserError(f"no run to import from {str(path)!r}: {why}")
     return traces, summary
-
-
-def _parse(line: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(line)
-    except RecursionError:
-        raise ValueError("nested too deep") from None
-    except ValueError as exc:
-        raise ValueError(f"not JSON: {str(exc)[:80]}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"a JSON {type(value).__name__}, not an example object")
-    return value
 
 
 def from_example(example: dict[str, Any]) -> Trace:
