@@ -36,6 +36,7 @@ from envace_mcp.errors import UserError
 from envace_mcp.graph.trust import ToolTrust, trust_of
 from envace_mcp.policy.types import Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
+from envace_mcp.toolbox.asking import MAX_INPUT_ROUNDS
 
 Mode = Literal["real", "simulated", "mixed"]
 Action = Literal["reject", "simulate", "feedback", "block", "budget", "ask", "execute"]
@@ -145,7 +146,7 @@ class RunLimits(Settings):
     """Bounds model time spent rehearsing in one run (None: no bound)."""
     max_real_calls: int | None = Field(default=50, ge=0)
     """Bounds what one run can do to real systems (None: no bound)."""
-    max_input_rounds: int = Field(default=4, ge=1)
+    max_input_rounds: int = Field(default=MAX_INPUT_ROUNDS, ge=1)
     """Rounds of questions one call's server may ask a person before the call ends as an error: a
     confirmation and a follow-up or two; a server that keeps asking is looping (`toolbox.asking`)."""
 
