@@ -41,7 +41,8 @@ class SFTPerformance(Settings):
     natively (`engine.model.autocast_bf16`; `ENVACE_DTYPE` pins it)."""
     gradient_checkpointing: bool = True
     """Tool-schema prompts run to ~2k tokens, and SmolLM2 keeps ~2 MB of activations a token without it:
-    activations are recomputed in the backward pass instead."""
+    activations are recomputed in the backward pass instead (all but the attention kernel's outputs,
+    which are kept: `rows.checkpoint_kwargs`)."""
     mmap_threshold_mb: float | None = None
     """Allocations of this many MB or more get their own mmap, handed back to the OS when freed
     (`rows.cap_heap_blocks`; glibc only, process-wide): a lower peak, paid for in page faults. None:

@@ -264,3 +264,39 @@ def prefix_order_of(rows):
     from envace_mcp.train.rows import prefix_order
 
     return prefix_order(rows)
+
+
+def test_checkpointing_recomputes_the_layers_but_not_their_attention(tmp_path):
+    """Under gradient checkpointing the backward pass recomputes each decoder layer, except the
+    attention kernel, whose outputs were kept: on a prefix-tree pass the kernel runs once per part and
+    layer (not twice), and the gradients equal those of a pass that recomputes nothing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import AutoModelForCausalLM
+
+    from envace_mcp.testing import build_tiny_qwen3
+    from envace_mcp.train.rows import prepare_for_training
+
+    class Calls(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flash = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.flash += func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+            return func(*args, **(kwargs or {}))
+
+    rows = _trajectory_rows()
+    batch = collate(rows, share_prefix=True)
+    results = []
+    for checkpointing in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
+        prepare_for_training(model, gradient_checkpointing=checkpointing)
+        model.train()
+        with torch.no_grad(), Calls() as forward_only:
+            batch_logprobs(model, batch)
+        with Calls() as calls:
+            logp = batch_logprobs(model, batch)
+            grads = torch.autograd.grad(-(logp * batch.completion_mask).sum(), list(model.parameters()))
+        assert forward_only.flash > 0 and calls.flash == forward_only.flash
+        results.append(grads)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*results))
