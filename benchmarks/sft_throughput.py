@@ -1,16 +1,17 @@
-"""SFT step throughput and peak memory on the embedded SmolLM2 with LoRA: one row at a time vs rows
-packed with their shared prompt prefix, through a block mask or attended part by part.
+"""SFT step time and peak memory on the embedded SmolLM2 with LoRA: a step of 16 rows packed as a prefix
+tree and attended part by part, with checkpointing recomputing the attention kernel (before issue 53)
+or keeping its outputs (today); the older variants (one row at a time, a block mask) on request.
 
-    python benchmarks/sft_throughput.py [--traces DIR] [--rows 16] [--batch-size 16]
+    python benchmarks/sft_throughput.py [--traces DIR] [--rows 16] [--batch-size 16] [--steps 2]
+                                        [--variants NAME ...]
 
 Rows are SFT rows (act + rehearse turns) from reference traces (`envace lab reference DIR
 --no-logprobs`; recorded here on the first bank train tasks when no folder is given). Every variant
 runs forward + backward on the same rows, same weights, each in a fresh process (so peak RSS is its
-own). Baseline: one row at a time with its whole prompt (plain causal attention), bf16, checkpointing
-(the SFT default until packing was attended part by part). Earlier runs of this script: fp32 without
-checkpointing was 2.19x slower than the baseline; padded multi-row batches ran out of 24 GB.
-Prints tokens/s (tokens of the rows as they would run alone), ratio to the baseline, peak RSS, and the
-mean per-token loss over all rows, which every variant must reproduce.
+own), `--steps` times; seconds are the mean of the steps after the first. Earlier runs of this script:
+fp32 without checkpointing was 2.19x slower than one row at a time; padded multi-row batches ran out
+of 24 GB. Prints tokens/s (tokens of the rows as they would run alone), ratio to the first variant,
+peak RSS, and the mean per-token loss over all rows, which every variant must reproduce.
 """
 
 from __future__ import annotations
@@ -31,23 +32,31 @@ import anyio
 import torch
 
 
-VARIANTS = {  # name: (rows per batch (0 = --batch-size), share_prefix, part-by-part attention); all bf16 + checkpointing
-    "one row at a time (baseline)": (1, False, True),
-    "packed, shared prefix, block mask": (0, True, False),
-    "packed, shared prefix, part by part": (0, True, True),
+VARIANTS = {  # name: (rows per batch (0 = --batch-size), share_prefix, part-by-part, attention kept)
+    "one row at a time": (1, False, True, True),
+    "packed, shared prefix, block mask": (0, True, False, True),
+    "prefix tree, attention recomputed (before)": (0, True, True, False),
+    "prefix tree (today)": (0, True, True, True),
 }
+DEFAULT = ("prefix tree, attention recomputed (before)", "prefix tree (today)")
+"""Run unless `--variants` names others; the first is the baseline of the ratios."""
 
 
-def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str) -> dict:
+def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str, steps: int) -> dict:
+    import functools
+
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import envace_mcp.train.rows as training_rows
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.rows import collate, prefix_order, prepare_for_training
     from envace_mcp.train.sft import sft_loss, sft_rows, target_encoding
 
-    per_batch, share, parts = VARIANTS[name]
+    per_batch, share, parts, keep = VARIANTS[name]
+    if not keep:  # checkpointing as before issue 53: the attention kernel recomputed in backward too
+        training_rows.checkpoint_kwargs = functools.partial(dict, use_reentrant=False)
     args_batch, batch_size = batch_size, per_batch or batch_size
     model_dir = str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -67,14 +76,19 @@ def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str) -> di
     if not parts:  # back to transformers' own sdpa: packed rows then need the N x N block mask
         model.get_base_model().set_attn_implementation("sdpa")
     model.train()
-    start, loss_sum, packed = time.perf_counter(), 0.0, 0
-    for chunk in chunks:
-        loss = sft_loss(model, chunk, 0, share_prefix=share, bf16=True)
-        loss.backward()
-        model.zero_grad()
-        loss_sum += float(loss) * sum(len(r.completion_ids) for r in chunk)
-        packed += collate(chunk, share_prefix=share).input_ids.shape[1]
-    return {"seconds": time.perf_counter() - start, "loss": loss_sum / sum(len(r.completion_ids) for r in rows),
+    times = []
+    for _ in range(steps):  # the same rows again: what the first step allocates, later steps may reuse
+        start, loss_sum, packed = time.perf_counter(), 0.0, 0
+        for chunk in chunks:
+            loss = sft_loss(model, chunk, 0, share_prefix=share, bf16=True)
+            loss.backward()
+            model.zero_grad()
+            loss_sum += float(loss) * sum(len(r.completion_ids) for r in chunk)
+            packed += collate(chunk, share_prefix=share).input_ids.shape[1]
+        times.append(time.perf_counter() - start)
+    steady = times[1:] or times
+    return {"seconds": sum(steady) / len(steady), "first": times[0],
+            "loss": loss_sum / sum(len(r.completion_ids) for r in rows),
             "packed_tokens": packed,
             "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows),
             "targets": sum(len(r.completion_ids) for r in rows), "rows": len(rows),
@@ -86,10 +100,14 @@ def main() -> None:
     parser.add_argument("--traces", default=None)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=2,
+                        help="steps per variant on the same rows; seconds are the mean of those after the first")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(DEFAULT), metavar="NAME",
+                        help=f"variants to run, the first the baseline (default: {', '.join(DEFAULT)})")
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
-        print(json.dumps(run_variant(args.traces, args.rows, args.batch_size, args.variant)))
+        print(json.dumps(run_variant(args.traces, args.rows, args.batch_size, args.variant, args.steps)))
         return
 
     folder = args.traces
@@ -102,14 +120,17 @@ def main() -> None:
     from envace_mcp._progress import Progress
 
     results = {}
-    with Progress("SFT variants (each in its own process)", total=len(VARIANTS)) as progress:
+    from envace_mcp.engine.model import machine
+
+    print(f"{machine()}; bf16 autocast, LoRA r 16, checkpointing")
+    with Progress("SFT variants (each in its own process)", total=len(args.variants)) as progress:
         outputs = {}
-        for name in VARIANTS:
+        for name in args.variants:
             outputs[name] = subprocess.run([sys.executable, __file__, "--traces", folder, "--rows", str(args.rows),
-                                            "--batch-size", str(args.batch_size), "--variant", name],
-                                           capture_output=True, text=True)
+                                            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                                            "--variant", name], capture_output=True, text=True)
             progress.advance(last=name)
-    for name in VARIANTS:
+    for name in args.variants:
         out = outputs[name]
         if out.returncode != 0:
             print(f"{name:40s} failed (rc {out.returncode}; -9 = killed, e.g. out of memory)")
@@ -117,10 +138,10 @@ def main() -> None:
         results[name] = r = json.loads(out.stdout.strip().splitlines()[-1])
         if len(results) == 1:
             print(f"{r['rows']} rows ({r['tokens']} tokens, {r['targets']} trained), batches of {args.batch_size}")
-        base = results.get(next(iter(VARIANTS)))
+        base = results.get(args.variants[0])
         ratio = f"x{base['seconds'] / r['seconds']:.2f}" if base else "-"
-        print(f"{name:36s} {r['seconds']:7.1f} s {r['tokens'] / r['seconds']:8.1f} tok/s {ratio:>6s}  "
-              f"{r['packed_tokens']:7d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}")
+        print(f"{name:44s} {r['seconds']:7.1f} s/step (first {r['first']:5.1f}) {r['tokens'] / r['seconds']:7.1f} tok/s "
+              f"{ratio:>6s}  {r['packed_tokens']:6d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}")
 
 
 if __name__ == "__main__":

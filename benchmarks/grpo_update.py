@@ -1,0 +1,112 @@
+"""Seconds and peak memory of one GRPO update (the learner's optimizer step over a step's segments) on
+the embedded SmolLM2 with LoRA, with checkpointing recomputing the attention kernel (before issue 53)
+or keeping its outputs (today).
+
+    python benchmarks/grpo_update.py [--traces DIR] [--runs 4] [--steps 2] [--variants NAME ...]
+
+The segments are the act and rehearse turns of `--runs` reference runs (`envace lab reference DIR
+--no-logprobs`; recorded here on the first bank train tasks when no folder is given), in groups of 4
+runs with rewards 1, 0, 1, 0 (4 runs: 16 segments, 29k tokens as single rows) (so every advantage is non-zero and every segment goes through the model),
+the learner's defaults otherwise (bf16 autocast where native, prefix-tree passes of 4,096 tokens,
+glibc's 1 MB mmap threshold). Each variant runs in a fresh process (its own peak RSS), `--steps` updates
+on the same groups; seconds are the mean of the updates after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+VARIANTS = {  # name: whether checkpointing keeps the attention kernel's outputs
+    "attention recomputed (before)": False,
+    "attention kept (today)": True,
+}
+
+
+def run_variant(folder: str, runs: int, steps: int, name: str) -> dict:
+    import envace_mcp.train.rows as training_rows
+    from envace_mcp.traces import TraceStore
+    from envace_mcp.train.config import GRPOConfig
+    from envace_mcp.train.learner import GRPOLearner
+    from envace_mcp.train.rows import segments
+
+    if not VARIANTS[name]:
+        training_rows.checkpoint_kwargs = functools.partial(dict, use_reentrant=False)
+    traces = sorted(TraceStore(folder).read(), key=lambda t: t.run_id)[:runs]
+    rows = segments(traces, require_reward=False)
+    by_run: dict[str, list] = {}
+    for row in rows:
+        by_run.setdefault(row.run_id, []).append(row)
+    groups = []
+    for i, run in enumerate(by_run.values()):
+        if i % 4 == 0:
+            groups.append([])
+        for row in run:
+            row.reward, row.group_id = float(i % 2 == 0), f"g{i // 4}"
+        groups[-1] += run
+    learner = GRPOLearner(GRPOConfig(performance={"skip_zero_advantage": False}))
+    times, record = [], {}
+    for _ in range(steps):
+        start = time.perf_counter()
+        record = learner.update(groups)
+        times.append(time.perf_counter() - start)
+    steady = times[1:] or times
+    return {"seconds": sum(steady) / len(steady), "first": times[0], "segments": len(rows),
+            "tokens": sum(len(r.completion_ids) for r in rows), "loss": record.get("loss", 0.0),
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Seconds and peak memory of one GRPO update, attention kept vs recomputed.")
+    parser.add_argument("--traces", default=None)
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), metavar="NAME")
+    parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args.traces, args.runs, args.steps, args.variant)))
+        return
+    folder = args.traces
+    if folder is None:
+        import anyio
+
+        from envace_mcp.lab.reference import record_reference_traces
+        from envace_mcp.policy import load_policy
+
+        folder = tempfile.mkdtemp()
+        anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=args.runs, score=False))
+    from envace_mcp._progress import Progress
+    from envace_mcp.engine.model import machine
+
+    print(f"{machine()}; LoRA r 16, checkpointing, the learner's defaults")
+    outputs = {}
+    with Progress("GRPO update variants (each in its own process)", total=len(args.variants)) as progress:
+        for name in args.variants:
+            outputs[name] = subprocess.run([sys.executable, __file__, "--traces", folder, "--runs", str(args.runs),
+                                            "--steps", str(args.steps), "--variant", name], capture_output=True, text=True)
+            progress.advance(last=name)
+    base = None
+    for name in args.variants:
+        out = outputs[name]
+        if out.returncode != 0:
+            print(f"{name:32s} failed (rc {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        base = base or r
+        print(f"{name:32s} {r['seconds']:6.1f} s/update (first {r['first']:5.1f})  x{base['seconds'] / r['seconds']:.2f}  "
+              f"{r['segments']} segments, {r['tokens']} completion tokens  peak {r['peak_mb']:6.0f} MB  "
+              f"loss {r['loss']:.5f}")
+
+
+if __name__ == "__main__":
+    main()
