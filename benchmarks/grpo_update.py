@@ -1,15 +1,19 @@
 """Seconds and peak memory of one GRPO update (the learner's optimizer step over a step's segments) on
 the embedded SmolLM2 with LoRA, with checkpointing recomputing the attention kernel (before issue 53)
-or keeping its outputs (today).
+or keeping its outputs (today), and today's in passes of 8,192 packed tokens instead of 4,096
+(`performance.micro_tokens`: fewer passes, so the prompt prefix they share runs fewer times, for more
+activation memory), and today's with glibc's own mmap threshold or 32 MB instead of 1 MB
+(`performance.mmap_threshold_mb`: fewer page faults, a higher peak).
 
     python benchmarks/grpo_update.py [--traces DIR] [--runs 4] [--steps 2] [--variants NAME ...]
 
 The segments are the act and rehearse turns of `--runs` reference runs (`envace lab reference DIR
 --no-logprobs`; recorded here on the first bank train tasks when no folder is given), in groups of 4
-runs with rewards 1, 0, 1, 0 (4 runs: 16 segments, 29k tokens as single rows) (so every advantage is non-zero and every segment goes through the model),
-the learner's defaults otherwise (bf16 autocast where native, prefix-tree passes of 4,096 tokens,
-glibc's 1 MB mmap threshold). Each variant runs in a fresh process (its own peak RSS), `--steps` updates
-on the same groups; seconds are the mean of the updates after the first.
+runs with rewards 1, 0, 1, 0, so every advantage is non-zero and every segment goes through the model
+(4 runs: 16 segments, 29k tokens as single rows); the learner's defaults otherwise (bf16 autocast
+where native, prefix-tree passes of 4,096 tokens, glibc's 1 MB mmap threshold). Each variant runs in
+a fresh process (its own peak RSS), `--steps` updates on the same groups; seconds are the mean of the
+updates after the first.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-VARIANTS = {  # name: whether checkpointing keeps the attention kernel's outputs
-    "attention recomputed (before)": False,
-    "attention kept (today)": True,
+VARIANTS = {  # name: (checkpointing keeps the attention kernel's outputs, performance.micro_tokens, .mmap_threshold_mb)
+    "attention recomputed (before)": (False, 4096, 1.0),
+    "attention kept (today)": (True, 4096, 1.0),
+    "attention kept, passes of 8,192": (True, 8192, 1.0),
+    "attention kept, glibc's own threshold": (True, 4096, None),
+    "attention kept, 32 MB threshold": (True, 4096, 32.0),
 }
 
 
@@ -39,7 +46,8 @@ def run_variant(folder: str, runs: int, steps: int, name: str) -> dict:
     from envace_mcp.train.learner import GRPOLearner
     from envace_mcp.train.rows import segments
 
-    if not VARIANTS[name]:
+    keep, micro_tokens, threshold = VARIANTS[name]
+    if not keep:
         training_rows.checkpoint_kwargs = functools.partial(dict, use_reentrant=False)
     traces = sorted(TraceStore(folder).read(), key=lambda t: t.run_id)[:runs]
     rows = segments(traces, require_reward=False)
@@ -53,7 +61,8 @@ def run_variant(folder: str, runs: int, steps: int, name: str) -> dict:
         for row in run:
             row.reward, row.group_id = float(i % 2 == 0), f"g{i // 4}"
         groups[-1] += run
-    learner = GRPOLearner(GRPOConfig(performance={"skip_zero_advantage": False}))
+    learner = GRPOLearner(GRPOConfig(performance={"skip_zero_advantage": False, "micro_tokens": micro_tokens,
+                                                   "mmap_threshold_mb": threshold}))
     times, record = [], {}
     for _ in range(steps):
         start = time.perf_counter()
@@ -88,7 +97,7 @@ def main() -> None:
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import machine
 
-    print(f"{machine()}; LoRA r 16, checkpointing, the learner's defaults")
+    print(f"{machine()}; LoRA r 16, checkpointing, the learner's defaults otherwise")
     outputs = {}
     with Progress("GRPO update variants (each in its own process)", total=len(args.variants)) as progress:
         for name in args.variants:
@@ -99,11 +108,11 @@ def main() -> None:
     for name in args.variants:
         out = outputs[name]
         if out.returncode != 0:
-            print(f"{name:32s} failed (rc {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+            print(f"{name:38s} failed (rc {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         base = base or r
-        print(f"{name:32s} {r['seconds']:6.1f} s/update (first {r['first']:5.1f})  x{base['seconds'] / r['seconds']:.2f}  "
+        print(f"{name:38s} {r['seconds']:6.1f} s/update (first {r['first']:5.1f})  x{base['seconds'] / r['seconds']:.2f}  "
               f"{r['segments']} segments, {r['tokens']} completion tokens  peak {r['peak_mb']:6.0f} MB  "
               f"loss {r['loss']:.5f}")
 
