@@ -19,13 +19,9 @@ updates after the first.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import resource
-import subprocess
-import sys
-import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,7 +36,8 @@ VARIANTS = {  # name: (checkpointing keeps the attention kernel's outputs, perfo
 
 
 def run_variant(folder: str, runs: int, steps: int, name: str) -> dict:
-    import envace_mcp.train.rows as training_rows
+    from _variants import recompute_attention
+
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.config import GRPOConfig
     from envace_mcp.train.learner import GRPOLearner
@@ -48,7 +45,7 @@ def run_variant(folder: str, runs: int, steps: int, name: str) -> dict:
 
     keep, micro_tokens, threshold = VARIANTS[name]
     if not keep:
-        training_rows.checkpoint_kwargs = functools.partial(dict, use_reentrant=False)
+        recompute_attention()
     traces = sorted(TraceStore(folder).read(), key=lambda t: t.run_id)[:runs]
     rows = segments(traces, require_reward=False)
     by_run: dict[str, list] = {}
@@ -85,37 +82,23 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args.traces, args.runs, args.steps, args.variant)))
         return
-    folder = args.traces
-    if folder is None:
-        import anyio
+    from _variants import reference_traces, run_each
 
-        from envace_mcp.lab.reference import record_reference_traces
-        from envace_mcp.policy import load_policy
-
-        folder = tempfile.mkdtemp()
-        anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=args.runs, score=False))
-    from envace_mcp._progress import Progress
     from envace_mcp.engine.model import machine
 
+    folder = reference_traces(args.traces, args.runs)
     print(f"{machine()}; LoRA r 16, checkpointing, the learner's defaults otherwise")
-    outputs = {}
-    with Progress("GRPO update variants (each in its own process)", total=len(args.variants)) as progress:
-        for name in args.variants:
-            outputs[name] = subprocess.run([sys.executable, __file__, "--traces", folder, "--runs", str(args.runs),
-                                            "--steps", str(args.steps), "--variant", name], capture_output=True, text=True)
-            progress.advance(last=name)
-    base = None
-    for name in args.variants:
-        out = outputs[name]
-        if out.returncode != 0:
-            print(f"{name:38s} failed (rc {out.returncode}): {out.stderr.strip().splitlines()[-1:]}")
+    argv = ["--traces", folder, "--runs", str(args.runs), "--steps", str(args.steps)]
+    results = run_each(__file__, argv, args.variants, "GRPO update variants")
+    base = results[args.variants[0]]
+    for name, r in results.items():
+        if isinstance(r, str):
+            print(f"{name:38s} {r}")
             continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        base = base or r
-        print(f"{name:38s} {r['seconds']:6.1f} s/update (first {r['first']:5.1f})  x{base['seconds'] / r['seconds']:.2f}  "
+        ratio = f"x{base['seconds'] / r['seconds']:.2f}" if isinstance(base, dict) else "-"
+        print(f"{name:38s} {r['seconds']:6.1f} s/update (first {r['first']:5.1f})  {ratio}  "
               f"{r['segments']} segments, {r['tokens']} completion tokens  peak {r['peak_mb']:6.0f} MB  "
               f"loss {r['loss']:.5f}")
-
 
 if __name__ == "__main__":
     main()

@@ -21,14 +21,10 @@ import json
 import os
 import random
 import resource
-import subprocess
-import sys
-import tempfile
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import anyio
 import torch
 
 
@@ -43,20 +39,18 @@ DEFAULT = ("prefix tree, attention recomputed (before)", "prefix tree (today)")
 
 
 def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str, steps: int) -> dict:
-    import functools
-
+    from _variants import recompute_attention
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import envace_mcp.train.rows as training_rows
     from envace_mcp.policy.embedded import embedded_model_dir
     from envace_mcp.traces import TraceStore
     from envace_mcp.train.rows import collate, prefix_order, prepare_for_training
     from envace_mcp.train.sft import sft_loss, sft_rows, target_encoding
 
     per_batch, share, parts, keep = VARIANTS[name]
-    if not keep:  # checkpointing as before issue 53: the attention kernel recomputed in backward too
-        training_rows.checkpoint_kwargs = functools.partial(dict, use_reentrant=False)
+    if not keep:
+        recompute_attention()
     args_batch, batch_size = batch_size, per_batch or batch_size
     model_dir = str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -78,14 +72,14 @@ def run_variant(folder: str, rows_wanted: int, batch_size: int, name: str, steps
     model.train()
     times = []
     for _ in range(steps):  # the same rows again: what the first step allocates, later steps may reuse
-        start, loss_sum, packed = time.perf_counter(), 0.0, 0
+        start, loss_sum = time.perf_counter(), 0.0
         for chunk in chunks:
             loss = sft_loss(model, chunk, 0, share_prefix=share, bf16=True)
             loss.backward()
             model.zero_grad()
             loss_sum += float(loss) * sum(len(r.completion_ids) for r in chunk)
-            packed += collate(chunk, share_prefix=share).input_ids.shape[1]
         times.append(time.perf_counter() - start)
+    packed = sum(collate(chunk, share_prefix=share).input_ids.shape[1] for chunk in chunks)
     steady = times[1:] or times
     return {"seconds": sum(steady) / len(steady), "first": times[0],
             "loss": loss_sum / sum(len(r.completion_ids) for r in rows),
@@ -110,39 +104,26 @@ def main() -> None:
         print(json.dumps(run_variant(args.traces, args.rows, args.batch_size, args.variant, args.steps)))
         return
 
-    folder = args.traces
-    if folder is None:
-        from envace_mcp.policy import load_policy
-        from envace_mcp.lab.reference import record_reference_traces
+    from _variants import reference_traces, run_each
 
-        folder = tempfile.mkdtemp()
-        anyio.run(lambda: record_reference_traces(load_policy(None), "bank", folder, limit=args.rows, score=False))
-    from envace_mcp._progress import Progress
-
-    results = {}
     from envace_mcp.engine.model import machine
 
+    folder = reference_traces(args.traces, args.rows)
     print(f"{machine()}; bf16 autocast, LoRA r 16, checkpointing")
-    with Progress("SFT variants (each in its own process)", total=len(args.variants)) as progress:
-        outputs = {}
-        for name in args.variants:
-            outputs[name] = subprocess.run([sys.executable, __file__, "--traces", folder, "--rows", str(args.rows),
-                                            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-                                            "--variant", name], capture_output=True, text=True)
-            progress.advance(last=name)
-    for name in args.variants:
-        out = outputs[name]
-        if out.returncode != 0:
-            print(f"{name:40s} failed (rc {out.returncode}; -9 = killed, e.g. out of memory)")
+    argv = ["--traces", folder, "--rows", str(args.rows), "--batch-size", str(args.batch_size), "--steps", str(args.steps)]
+    results = run_each(__file__, argv, args.variants, "SFT variants")
+    base = results[args.variants[0]]
+    shown = False
+    for name, r in results.items():
+        if isinstance(r, str):
+            print(f"{name:44s} {r}")
             continue
-        results[name] = r = json.loads(out.stdout.strip().splitlines()[-1])
-        if len(results) == 1:
+        if not shown:
             print(f"{r['rows']} rows ({r['tokens']} tokens, {r['targets']} trained), batches of {args.batch_size}")
-        base = results.get(args.variants[0])
-        ratio = f"x{base['seconds'] / r['seconds']:.2f}" if base else "-"
+            shown = True
+        ratio = f"x{base['seconds'] / r['seconds']:.2f}" if isinstance(base, dict) else "-"
         print(f"{name:44s} {r['seconds']:7.1f} s/step (first {r['first']:5.1f}) {r['tokens'] / r['seconds']:7.1f} tok/s "
               f"{ratio:>6s}  {r['packed_tokens']:6d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}")
-
 
 if __name__ == "__main__":
     main()

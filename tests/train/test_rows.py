@@ -287,9 +287,10 @@ def test_checkpointing_recomputes_the_layers_but_not_their_attention(tmp_path):
 
     rows = _trajectory_rows()
     batch = collate(rows, share_prefix=True)
+    folder = build_tiny_qwen3(tmp_path / "m")
     results = []
     for checkpointing in (True, False):
-        model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(tmp_path / "m"))
+        model = AutoModelForCausalLM.from_pretrained(folder)
         prepare_for_training(model, gradient_checkpointing=checkpointing)
         model.train()
         with torch.no_grad(), Calls() as forward_only:
