@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--skip-zero-advantage", action="store_true",
                         help="GRPOConfig.performance.skip_zero_advantage (off here: every segment goes through the update)")
     parser.add_argument("--rollouts-only", action="store_true", help="stop before the first update")
+    parser.add_argument("--mmap-threshold-mb", type=float, default=None,
+                        help="GRPOConfig.performance.mmap_threshold_mb (default: its default; 0: glibc's own)")
     ns = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sampler = Sampler()
@@ -73,6 +75,8 @@ def main() -> None:
         # every segment through the model, whatever the rewards: the update's worst case, not the luck of the draw
         fast = {"share_prefix": ns.share_prefix, "skip_zero_advantage": ns.skip_zero_advantage}
         fast |= {"micro_batch": ns.micro_batch} if ns.micro_batch else {}
+        if ns.mmap_threshold_mb is not None:
+            fast["mmap_threshold_mb"] = ns.mmap_threshold_mb or None
         extra: dict = {"performance": fast}
         if ns.adapter:
             from envace_mcp.policy.embedded import embedded_adapter
@@ -90,13 +94,13 @@ def main() -> None:
         class RolloutsDone(Exception):
             pass
 
-        def phased_update(groups):
+        def phased_update(groups, *args, **kwargs):
             if ns.rollouts_only:
                 raise RolloutsDone
             sampler.phase = "update"
             began = time.perf_counter()
             try:
-                return update(groups)
+                return update(groups, *args, **kwargs)
             finally:
                 update_seconds.append(time.perf_counter() - began)
                 sampler.phase = "rollouts"

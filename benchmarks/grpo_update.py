@@ -2,7 +2,7 @@
 the embedded SmolLM2 with LoRA, with checkpointing recomputing the attention kernel (before issue 53)
 or keeping its outputs (today), and today's in passes of 8,192 packed tokens instead of 4,096
 (`performance.micro_tokens`: fewer passes, so the prompt prefix they share runs fewer times, for more
-activation memory), and today's with glibc's own mmap threshold or 32 MB instead of 1 MB
+activation memory), and today's with glibc's own mmap threshold or 4, 8, 16 or 32 MB instead of 1 MB
 (`performance.mmap_threshold_mb`: fewer page faults, a higher peak).
 
     python benchmarks/grpo_update.py [--traces DIR] [--runs 4] [--steps 2] [--variants NAME ...]
@@ -32,6 +32,9 @@ VARIANTS = {  # name: (checkpointing keeps the attention kernel's outputs, perfo
     "attention kept, passes of 8,192": (True, 8192, 1.0),
     "attention kept, glibc's own threshold": (True, 4096, None),
     "attention kept, 32 MB threshold": (True, 4096, 32.0),
+    "attention kept, 4 MB threshold": (True, 4096, 4.0),
+    "attention kept, 8 MB threshold": (True, 4096, 8.0),
+    "attention kept, 16 MB threshold": (True, 4096, 16.0),
 }
 
 
