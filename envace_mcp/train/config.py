@@ -45,7 +45,7 @@ class SFTPerformance(Settings):
     which are kept: `rows.checkpoint_kwargs`)."""
     mmap_threshold_mb: float | None = None
     """Allocations of this many MB or more get their own mmap, handed back to the OS when freed
-    (`rows.cap_heap_blocks`; glibc only, process-wide): a lower peak, paid for in page faults. None:
+    (`heap.cap_heap_blocks`; glibc only, process-wide): a lower peak, paid for in page faults. None:
     glibc's default, the faster one; SFT's batches are steady enough for it."""
 
 

@@ -23,10 +23,9 @@ import torch
 from envace_mcp.engine.model import autocast_bf16, quiet_loading
 from envace_mcp.traces.schema import Trace
 from envace_mcp.train.config import SFTConfig
+from envace_mcp.train.heap import after_backward, cap_heap_blocks
 from envace_mcp.train.rows import (
     Segment,
-    after_backward,
-    cap_heap_blocks,
     collate,
     forward_logits,
     micro_batches,

@@ -134,7 +134,7 @@ def test_rows_packed_without_a_prefix_attend_only_to_themselves(tmp_path):
 
 _HEAP_PATTERN = """
 import os, sys, torch
-from envace_mcp.train.rows import cap_heap_blocks
+from envace_mcp.train.heap import cap_heap_blocks
 print(cap_heap_blocks(1.0 if sys.argv[1] == "cap" else None))
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 big = torch.ones(20 * 2**20 // 4); del big  # a freed 20 MB mmapped block: glibc's threshold rises to it
