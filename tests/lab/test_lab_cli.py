@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from envace_mcp.cli import app
 from envace_mcp.traces import Trace, TraceStore
 
-ANALYSES = ["gate_confidence", "gate_evidence", "group_signal", "probe_mix", "rehearse_replay", "training_evidence",
-            "tts_memory_control"]
+ANALYSES = ["gate_confidence", "gate_evidence", "group_signal", "probe_mix", "prompt_tokens", "rehearse_replay",
+            "training_evidence", "tts_memory_control"]
 
 
 def test_the_research_tools_live_under_lab_and_their_old_names_are_gone():
@@ -88,3 +88,19 @@ def test_probe_mix_runs_as_a_module_on_saved_traces(tmp_path):
     assert done.returncode == 0, done.stderr
     mixed = [t.run_id for t in TraceStore(tmp_path / "mix").read()]
     assert sorted(mixed[:2]) == ["swap-0", "swap-1"] and mixed[2] in ("typo-0", "typo-1") and mixed[3:] == ["ref-0", "ref-1"]
+
+
+def test_prompt_tokens_splits_a_prompt_into_prefix_task_memory_and_conversation():
+    from envace_mcp.lab.analyses.prompt_tokens import split_prompt
+    from envace_mcp.policy.prompts import MEMORY_HEADER
+
+    task = "Move $5 from A to B."
+    memory = MEMORY_HEADER + "Calls so far:\n- transfer(...): predicted {}"
+    prompt = (f"<|im_start|>system\nYou call tools.<|im_end|>\n<|im_start|>user\n{task}<|im_end|>\n"
+              f"<|im_start|>user\n{memory}<|im_end|>\n<|im_start|>assistant\n<tool_call>{{}}</tool_call>")
+    spans = split_prompt(prompt, task, "<|im_end|>")
+    assert spans["before the task"].endswith("<|im_start|>user\n") and spans["task"] == task
+    assert spans["memory"] == memory  # the inline rehearse turn's call after the memory stays conversation
+    assert spans["conversation"].endswith("<tool_call>{}</tool_call>") and MEMORY_HEADER not in spans["conversation"]
+    assert sum(len(v) for v in spans.values()) == len(prompt)  # a partition: nothing counted twice or lost
+    assert split_prompt(prompt, "a task that is not there", "<|im_end|>")["before the task"] == ""

@@ -1,0 +1,103 @@
+"""Where the tokens a model reads per generation go, in saved `envace eval` runs: each act and rehearse
+generation's prompt split into the part before the task (system prompt, domain policy, tools), the task,
+the rehearsal memory and the rest (the conversation: calls, tool replies, the rehearse turn's opening),
+averaged per folder beside its mean score. For comparing prompt formats on the same held-out tasks.
+
+    python -m envace_mcp.lab.analyses.prompt_tokens runs/bank-test [more eval folders] [--model embedded|ID|DIR]
+
+Token counts are the recorded prompt ids; the parts are counted by tokenizing each span of the recorded
+prompt text with `--model`'s tokenizer (the model the runs used), so they add up to within a token or
+two at each boundary; the conversation is what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from envace_mcp.policy.prompts import MEMORY_HEADER
+from envace_mcp.traces import TraceStore
+
+PARTS = ("before the task", "task", "conversation", "memory")
+
+
+def turn_close(tokenizer: Any) -> str:
+    """The text the tokenizer's chat template ends a message with (`<|im_end|>` for ChatML)."""
+    marker = "\x00marker\x00"
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    tail = rendered.split(marker, 1)[1].strip()
+    return tail.split()[0] if tail else "\n"
+
+
+def split_prompt(text: str, task: str | None, close: str) -> dict[str, str]:
+    """The prompt's spans: before the task, the task, the rehearsal memory message's text, the rest."""
+    at = text.find(task) if task else -1
+    before, after = (text[:at], text[at + len(task):]) if at >= 0 else ("", text)
+    memory = ""
+    start = after.find(MEMORY_HEADER)
+    if start >= 0:
+        end = after.find(close, start)
+        end = len(after) if end < 0 else end
+        memory, after = after[start:end], after[:start] + after[end:]
+    return {"before the task": before, "task": task if at >= 0 else "", "memory": memory, "conversation": after}
+
+
+def folder_figures(folder: Path, count: Any, close: str) -> dict[str, Any]:
+    totals = {role: [] for role in ("act", "rehearse")}
+    parts: dict[str, list[int]] = {name: [] for name in PARTS}
+    for trace in TraceStore(folder / "traces" if (folder / "traces").is_dir() else folder).read():
+        for step in trace.steps:
+            if step.role not in totals or step.prompt_ids is None or step.prompt_text is None:
+                continue
+            n = len(step.prompt_ids)
+            totals[step.role].append(n)
+            spans = split_prompt(step.prompt_text, trace.task, close)
+            known = {name: count(spans[name]) for name in ("before the task", "task", "memory")}
+            for name, value in known.items():
+                parts[name].append(value)
+            parts["conversation"].append(n - sum(known.values()))
+    results = folder / "results.json"
+    scores = [r.get("score") for r in json.loads(results.read_text()).get("runs", [])] if results.is_file() else []
+    scores = [s for s in scores if isinstance(s, (int, float))]
+    every = totals["act"] + totals["rehearse"]
+    mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
+    return {"generations": len(every), "mean": mean(every), "act": mean(totals["act"]),
+            "rehearse": mean(totals["rehearse"]), "parts": {name: mean(v) for name, v in parts.items()},
+            "runs": len(scores), "score": mean(scores)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="`envace eval --out` folders (or trace folders)")
+    parser.add_argument("--model", default="embedded", help="the tokenizer of the model the runs used (default: the embedded model's)")
+    ns = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    from envace_mcp._text import visible
+
+    if ns.model == "embedded":
+        from envace_mcp.policy.embedded import embedded_model_dir
+
+        source = str(embedded_model_dir())
+    else:
+        source = ns.model
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    close = turn_close(tokenizer)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+    print(f"{'folder':32s} {'runs':>4s} {'score':>6s} {'gens':>5s} {'tokens/gen':>10s} {'act':>6s} {'rehearse':>8s} | "
+          + " ".join(f"{name:>15s}" for name in PARTS))
+    for folder in ns.folders:
+        f = folder_figures(folder, count, close)
+        print(f"{visible(str(folder))[-32:]:32s} {f['runs']:4d} {f['score']:6.3f} {f['generations']:5d} {f['mean']:10.0f} "
+              f"{f['act']:6.0f} {f['rehearse']:8.0f} | " + " ".join(f"{f['parts'][name]:15.0f}" for name in PARTS))
+
+
+if __name__ == "__main__":
+    main()
