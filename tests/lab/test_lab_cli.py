@@ -104,3 +104,12 @@ def test_prompt_tokens_splits_a_prompt_into_prefix_task_memory_and_conversation(
     assert spans["conversation"].endswith("<tool_call>{}</tool_call>") and MEMORY_HEADER not in spans["conversation"]
     assert sum(len(v) for v in spans.values()) == len(prompt)  # a partition: nothing counted twice or lost
     assert split_prompt(prompt, "a task that is not there", "<|im_end|>")["before the task"] == ""
+
+
+def test_prompt_tokens_names_a_folder_that_is_not_there(tmp_path, monkeypatch, capsys):
+    from envace_mcp.lab.analyses import prompt_tokens
+
+    monkeypatch.setattr(sys, "argv", ["prompt_tokens", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit) as stopped:
+        prompt_tokens.main()
+    assert stopped.value.code == 2 and "no such folder" in capsys.readouterr().err

@@ -59,9 +59,11 @@ def folder_figures(folder: Path, count: Any, close: str) -> dict[str, Any]:
             for name, value in known.items():
                 parts[name].append(value)
             parts["conversation"].append(n - sum(known.values()))
-    results = folder / "results.json"
-    scores = [r.get("score") for r in json.loads(results.read_text()).get("runs", [])] if results.is_file() else []
-    scores = [s for s in scores if isinstance(s, (int, float))]
+    try:  # scores are beside the traces in an eval folder; a missing or torn results.json leaves them out
+        runs = json.loads((folder / "results.json").read_text()).get("runs", [])
+    except (OSError, ValueError, AttributeError):
+        runs = []
+    scores = [r.get("score") for r in runs if isinstance(r, dict) and isinstance(r.get("score"), (int, float))]
     every = totals["act"] + totals["rehearse"]
     mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
     return {"generations": len(every), "mean": mean(every), "act": mean(totals["act"]),
@@ -74,6 +76,9 @@ def main() -> None:
     parser.add_argument("folders", nargs="+", type=Path, help="`envace eval --out` folders (or trace folders)")
     parser.add_argument("--model", default="embedded", help="the tokenizer of the model the runs used (default: the embedded model's)")
     ns = parser.parse_args()
+    missing = [str(f) for f in ns.folders if not f.is_dir()]
+    if missing:
+        parser.error(f"no such folder: {', '.join(missing)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
