@@ -63,7 +63,8 @@ class GRPOPerformance(SFTPerformance):
     (varying sizes, step after step) leave freed heap blocks that glibc's default keeps, so the process
     grows well past what is live. Higher is faster for more memory: an update of 4 reference runs took
     0.68x the time at 8 MB (2.46 GB peak instead of 1.83; 4 MB: 0.78x at 2.11 GB; 32 MB: 0.68x at
-    2.85 GB); None, glibc's default: 0.69x at 2.92 GB. The update is the online step's peak."""
+    2.85 GB); None, glibc's default: 0.69x at 2.92 GB. With the shipped adapter the update is the online
+    step's peak (2.64 GB, its rollouts 2.60)."""
     rollout_prefix_cache_tokens: int = Field(default=16384, ge=0)
     """Online: the rollout policy's prefix cache (prompt keys/values kept for reuse; 46 KB a token for the
     embedded model in fp32, so 0.75 GB). Inference keeps 32,768; in training the cache sits next to the

@@ -94,16 +94,45 @@ def test_prompt_tokens_splits_a_prompt_into_prefix_task_memory_and_conversation(
     from envace_mcp.lab.analyses.prompt_tokens import split_prompt
     from envace_mcp.policy.prompts import MEMORY_HEADER
 
-    task = "Move $5 from A to B."
+    task = "help"  # also a word of the system prompt: the task is the first user turn's, not that
     memory = MEMORY_HEADER + "Calls so far:\n- transfer(...): predicted {}"
-    prompt = (f"<|im_start|>system\nYou call tools.<|im_end|>\n<|im_start|>user\n{task}<|im_end|>\n"
-              f"<|im_start|>user\n{memory}<|im_end|>\n<|im_start|>assistant\n<tool_call>{{}}</tool_call>")
+    quoted = f"<tool_response>\n{MEMORY_HEADER}is what the server echoed\n</tool_response>"  # a reply quoting the header
+    prompt = (f"<|im_start|>system\nYou help by calling tools.<|im_end|>\n<|im_start|>user\n{task}<|im_end|>\n"
+              f"<|im_start|>user\n{quoted}<|im_end|>\n<|im_start|>user\n{memory}<|im_end|>\n"
+              "<|im_start|>assistant\n<tool_call>{}</tool_call>")
     spans = split_prompt(prompt, task, "<|im_end|>")
-    assert spans["before the task"].endswith("<|im_start|>user\n") and spans["task"] == task
-    assert spans["memory"] == memory  # the inline rehearse turn's call after the memory stays conversation
-    assert spans["conversation"].endswith("<tool_call>{}</tool_call>") and MEMORY_HEADER not in spans["conversation"]
-    assert sum(len(v) for v in spans.values()) == len(prompt)  # a partition: nothing counted twice or lost
-    assert split_prompt(prompt, "a task that is not there", "<|im_end|>")["before the task"] == ""
+    assert spans["before the task"] == "<|im_start|>system\nYou help by calling tools.<|im_end|>\n<|im_start|>user\n"
+    assert spans["task"] == task and spans["memory"] == memory
+    assert quoted in spans["conversation"] and spans["conversation"].endswith("<tool_call>{}</tool_call>")
+    assert "".join(spans.values()) != prompt and sum(len(v) for v in spans.values()) == len(prompt)
+    assert split_prompt(prompt, "a task that is not there", "<|im_end|>") is None
+    # a template that ends a turn with a blank line: the memory runs to it, not to the header's own newline
+    plain = f"System: tools\n\nUser: {task}\n\nUser: {memory}\n\nAssistant:"
+    assert split_prompt(plain, task, "\n\n")["memory"] == memory
+
+
+def test_prompt_tokens_reads_the_turn_close_off_the_template_and_counts_a_folder(tmp_path):
+    from transformers import AutoTokenizer
+
+    from envace_mcp.lab.analyses.prompt_tokens import folder_figures, turn_close
+    from envace_mcp.policy.embedded import embedded_model_dir
+    from envace_mcp.traces.schema import Step
+
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_dir()))
+    assert turn_close(tokenizer) == "<|im_end|>"
+    tokenizer.chat_template = None  # `prompt_text` writes plain ChatML for it
+    assert turn_close(tokenizer) == "<|im_end|>"
+    task = "What is my balance?"
+    act = f"<|im_start|>system\nTools.<|im_end|>\n<|im_start|>user\n{task}<|im_end|>\n<|im_start|>assistant\n"
+    simulator = "<|im_start|>system\nYou simulate tools.<|im_end|>\n<|im_start|>user\nUser: What is my balance?<|im_end|>\n"
+    steps = [Step(index=0, role="act", time=0.0, prompt_text=act, prompt_ids=[0] * 30),
+             Step(index=1, role="rehearse", time=0.0, prompt_text=simulator, prompt_ids=[0] * 50, format="simulator")]
+    TraceStore(tmp_path / "traces").append(Trace(run_id="r", task=task, started_at=0.0, steps=steps))
+    (tmp_path / "results.json").write_text('{"runs": null}')  # torn or foreign: no scores, no traceback
+    words = lambda text: len(text.split())  # noqa: E731
+    figures = folder_figures(tmp_path, words, "<|im_end|>")
+    assert figures["generations"] == 2 and figures["mean"] == 40 and figures["unsplit"] == 1 and figures["runs"] == 0
+    assert figures["parts"]["task"] == 4 and figures["parts"]["conversation"] == 30 - 4 - figures["parts"]["before the task"]
 
 
 def test_prompt_tokens_names_a_folder_that_is_not_there(tmp_path, monkeypatch, capsys):
