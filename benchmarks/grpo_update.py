@@ -30,11 +30,11 @@ VARIANTS = {  # name: (checkpointing keeps the attention kernel's outputs, perfo
     "attention recomputed (before)": (False, 4096, 1.0),
     "attention kept (today)": (True, 4096, 1.0),
     "attention kept, passes of 8,192": (True, 8192, 1.0),
-    "attention kept, glibc's own threshold": (True, 4096, None),
-    "attention kept, 32 MB threshold": (True, 4096, 32.0),
     "attention kept, 4 MB threshold": (True, 4096, 4.0),
     "attention kept, 8 MB threshold": (True, 4096, 8.0),
     "attention kept, 16 MB threshold": (True, 4096, 16.0),
+    "attention kept, 32 MB threshold": (True, 4096, 32.0),
+    "attention kept, glibc's own threshold": (True, 4096, None),
 }
 
 
