@@ -19,9 +19,14 @@ from envace_mcp.train.advantages import group_key, step_advantages
 from envace_mcp.train.config import GRPOConfig
 from envace_mcp.train.grpo import grpo_loss
 from envace_mcp.train.heap import after_backward, cap_heap_blocks
-from envace_mcp.train.rows import Segment, batch_logprobs, collate, micro_batches
-from envace_mcp.train.rows import prefix_order
-from envace_mcp.train.rows import prepare_for_training
+from envace_mcp.train.rows import (
+    Segment,
+    batch_logprobs,
+    collate,
+    micro_batches,
+    prefix_order,
+    prepare_for_training,
+)
 from envace_mcp.train.sft import sft_loss
 
 
