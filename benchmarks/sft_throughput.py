@@ -113,14 +113,13 @@ def main() -> None:
     argv = ["--traces", folder, "--rows", str(args.rows), "--batch-size", str(args.batch_size), "--steps", str(args.steps)]
     results = run_each(__file__, argv, args.variants, "SFT variants")
     base = results[args.variants[0]]
-    shown = False
+    first = next((r for r in results.values() if isinstance(r, dict)), None)
+    if first is not None:
+        print(f"{first['rows']} rows ({first['tokens']} tokens, {first['targets']} trained), batches of {args.batch_size}")
     for name, r in results.items():
         if isinstance(r, str):
             print(f"{name:44s} {r}")
             continue
-        if not shown:
-            print(f"{r['rows']} rows ({r['tokens']} tokens, {r['targets']} trained), batches of {args.batch_size}")
-            shown = True
         ratio = f"x{base['seconds'] / r['seconds']:.2f}" if isinstance(base, dict) else "-"
         print(f"{name:44s} {r['seconds']:7.1f} s/step (first {r['first']:5.1f}) {r['tokens'] / r['seconds']:7.1f} tok/s "
               f"{ratio:>6s}  {r['packed_tokens']:6d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}")

@@ -108,13 +108,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    if ns.model == "embedded":
-        from envace_mcp.policy.embedded import embedded_model_dir
+    from envace_mcp.policy.embedded import embedded_model_dir
 
-        source = str(embedded_model_dir())
-    else:
-        source = ns.model
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded_model_dir()) if ns.model == "embedded" else ns.model)
     close = turn_close(tokenizer)
 
     def count(text: str) -> int:
