@@ -7,6 +7,8 @@ over the call a person is approving. Everything here is a rich `Text` (never par
 control characters are replaced by visible escapes:
 
     console.print(safe("pay\x1bM[/]"))   # prints: pay\x1bM[/]
+
+And a question asked on a terminal is answered only by what is typed after it (`discard_typed_ahead`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from rich.text import Text
 
 from envace_mcp._text import json_text, key_text, visible
 
-__all__ = ["call_display", "call_lines", "inline_call", "json_text", "key_text", "safe", "visible"]
+__all__ = ["call_display", "call_lines", "discard_typed_ahead", "inline_call", "json_text", "key_text", "safe",
+           "visible"]
 
 def safe(value: Any, style: str = "", *, newlines: bool = False) -> Text:
     """Untrusted text (or a value, as JSON) as a `Text` a terminal shows and does not obey."""
@@ -59,3 +62,15 @@ def call_display(name: Any, args: Any, width: int, prefix: Text | str = "", *, i
 
 def _indented(renderable: RenderableType, columns: int) -> Padding:
     return Padding(renderable, (0, 0, 0, columns), expand=False)
+
+
+def discard_typed_ahead(stdin: Any) -> None:
+    """Keys pressed before a question is shown do not answer it (a second `y` typed for the call before, or
+    one typed while a model loaded): called right before the question is printed, by every question asked
+    on a terminal."""
+    try:
+        import termios
+
+        termios.tcflush(stdin.fileno(), termios.TCIFLUSH)
+    except (ImportError, OSError, ValueError, AttributeError):
+        pass

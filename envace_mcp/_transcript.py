@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from envace_mcp._terminal import call_display, call_lines, safe, visible
+from envace_mcp._terminal import call_display, call_lines, discard_typed_ahead, safe, visible
 from envace_mcp.graph.memory import shorten
 
 _DECISION_STYLE = {"execute": "green", "simulate": "cyan", "feedback": "yellow", "block": "red", "reject": "red",
@@ -197,7 +197,7 @@ class TerminalApprover:
         runs go on; what they print meanwhile is held (`show`)."""
         import anyio
 
-        _discard_typed_ahead(stdin)
+        discard_typed_ahead(stdin)
         self.console.print(Text(prompt), end="")
         self._waiting = True
         try:
@@ -250,16 +250,6 @@ def _typed(text: str, field: Any) -> Any:
     if isinstance(allowed, list) and text not in allowed:
         raise ValueError(f"one of {', '.join(map(str, allowed))}")
     return text
-
-
-def _discard_typed_ahead(stdin: Any) -> None:
-    """Keys pressed before a question is shown do not answer it (a second `y` typed for the call before)."""
-    try:
-        import termios
-
-        termios.tcflush(stdin.fileno(), termios.TCIFLUSH)
-    except (ImportError, OSError, ValueError, AttributeError):
-        pass
 
 
 def print_summary(console: Console, records: list[dict[str, Any]], score: float | None = None) -> None:

@@ -90,22 +90,42 @@ def test_bad_calls_get_one_line_and_exit_2_before_any_model_loads(todo, tmp_path
         assert out.stderr.startswith("error: ") and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
-def test_a_person_at_a_terminal_confirms_the_call_after_seeing_its_prediction(todo, tiny_qwen3_dir):
+def delete_t2_at_a_terminal(todo, model, typed_ahead: str = "") -> tuple[str, dict, str, int]:
+    """`policy try` of `delete_todo(t2)` on a pty: `typed_ahead` typed before anything is shown, `y` typed
+    under the question once the screen has been still a second. (The screen and the server's to-dos when
+    the question showed, the final screen, the exit code.)"""
     from test_terminal_pty import Terminal  # needs pyte: skipped without it
 
     servers, state, _ = todo
     term = Terminal([*ENVACE, "policy", "try", "--servers", str(servers), "--tool", "delete_todo",
-                     "--args", '{"id": "t2"}', "--model", str(tiny_qwen3_dir)], {"HF_HUB_OFFLINE": "1"}, deadline=300)
+                     "--args", '{"id": "t2"}', "--model", str(model)], {"HF_HUB_OFFLINE": "1"}, deadline=300)
     try:
+        term.type(typed_ahead)
         while term.open and "Run it for real? [y/N]" not in term.text():
             term.settle()
-        screen = term.text()
-        assert f"rehearsed by {tiny_qwen3_dir}" in screen and "real result" not in screen, screen
-        assert json.loads(state.read_text()) == TODOS  # asked before anything ran
+        term.settle(1.0)  # an answer taken from what was typed ahead would have run the call by now
+        asked, todos = term.text(), json.loads(state.read_text())
         term.type("y\n")
         code = term.finish()
     finally:
         term.close()
-    assert code == 0, term.text()
-    assert "real result from todo" in term.text() and '"deleted": "t2"' in term.text()
-    assert json.loads(state.read_text()) == {"t1": TODOS["t1"]}
+    return asked, todos, term.text(), code
+
+
+def test_a_person_at_a_terminal_confirms_the_call_after_seeing_its_prediction(todo, tiny_qwen3_dir):
+    asked, todos, screen, code = delete_t2_at_a_terminal(todo, tiny_qwen3_dir)
+    assert f"rehearsed by {tiny_qwen3_dir}" in asked and "real result" not in asked, asked
+    assert todos == TODOS  # asked before anything ran
+    assert code == 0, screen
+    assert "real result from todo" in screen and '"deleted": "t2"' in screen
+    assert json.loads(todo[1].read_text()) == {"t1": TODOS["t1"]}
+
+
+def test_keys_typed_before_the_question_do_not_answer_it(todo, tiny_qwen3_dir):
+    """A `y` typed while the model loads and rehearses (typed ahead, or meant for something else) must not
+    run a delete on a server that is not a sandbox: only an answer typed under the question counts."""
+    asked, todos, screen, code = delete_t2_at_a_terminal(todo, tiny_qwen3_dir, typed_ahead="y\n")
+    assert "real result" not in asked and "not run" not in asked, asked
+    assert todos == TODOS
+    assert code == 0, screen
+    assert "real result from todo" in screen and json.loads(todo[1].read_text()) == {"t1": TODOS["t1"]}

@@ -12,7 +12,7 @@ import anyio
 import typer
 from rich.text import Text
 
-from envace_mcp._terminal import inline_call, safe
+from envace_mcp._terminal import discard_typed_ahead, inline_call, safe
 from envace_mcp.cli._common import AdapterOpt, ModelOpt, _fail, _flags, _servers_file, _suite, console, policy_app
 from envace_mcp.errors import EnvaceError
 
@@ -207,7 +207,12 @@ async def _not_confirmed(name: str, server: str) -> str | None:
     if not sys.stdin.isatty():
         return f"{where}, and there is no terminal to confirm on"
     question = visible(f"{where}. Run it for real?")
-    if await anyio.to_thread.run_sync(lambda: typer.confirm(question, default=False)):
+
+    def ask() -> bool:  # a `y` typed while the model loaded is not an answer to a question not yet shown
+        discard_typed_ahead(sys.stdin)
+        return typer.confirm(question, default=False)
+
+    if await anyio.to_thread.run_sync(ask):
         return None
     return f"{where}, and you said no"
 
