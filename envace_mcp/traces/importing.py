@@ -36,6 +36,10 @@ from envace_mcp.traces.schema import Step, Trace
 
 SHOWN = 5
 """Skipped lines a summary names (the rest are counted): enough to find the pattern, short on a terminal."""
+MAX_DEPTH = 128
+"""How deep arrays and objects may nest in one line. A trace's JSON is written by pydantic, which goes no
+deeper than 255 levels (the trace's own around the call's), and read back by Python's json, which stops at
+the recursion limit: a line nested deeper is skipped, not turned into a trace no store can write."""
 _RESULT_KEYS = frozenset({"content", "structuredContent", "structured_content", "isError", "is_error", "_meta", "meta"})
 
 
@@ -167,12 +171,30 @@ def json_object(raw: bytes, what: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ValueError("not UTF-8 text") from None
     except RecursionError:
-        raise ValueError("nested too deep") from None
+        raise ValueError(_TOO_DEEP) from None
     except ValueError as exc:
         raise ValueError(f"not JSON ({str(exc)[:80]})") from None
     if not isinstance(data, dict):
         raise ValueError(f"a JSON {_kind(data)}, not {what}")
+    if _deeper_than(data, MAX_DEPTH):
+        raise ValueError(_TOO_DEEP)
     return data
+
+
+_TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels"
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects in `value` nest more than `limit` levels (walked with a list, not recursion:
+    the value may be too deep for that)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def skipped_lines(skipped: list[tuple[int, str]]) -> str:
@@ -214,8 +236,12 @@ def _call(call: Any, number: int) -> tuple[str, Any, dict[str, Any]]:
     if isinstance(arguments, str):  # OpenAI tool calls carry their arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
+        except RecursionError:
+            raise _Skipped(f"{where}: 'arguments' {_TOO_DEEP}") from None
+        except ValueError:
             raise _Skipped(f"{where}: 'arguments' is a string that is not JSON") from None
+        if _deeper_than(arguments, MAX_DEPTH):
+            raise _Skipped(f"{where}: 'arguments' {_TOO_DEEP}")
     if not isinstance(arguments, dict):
         raise _Skipped(f"{where}: 'arguments' must be an object, not a JSON {_kind(arguments)}")
     has = ("result" in call, "error" in call)

@@ -17,6 +17,7 @@ import pytest
 from envace_mcp.errors import UserError
 from envace_mcp.toolbox import InProcessServer, Toolbox, ToolResult, ToolSpec, load_servers
 from envace_mcp.traces import TraceStore, load_catalog, mutate_calls, read_log
+from envace_mcp.traces.importing import MAX_DEPTH
 from envace_mcp.traces.mutating import HUGE, changes
 from probe_server import build as build_probe
 
@@ -306,3 +307,31 @@ def test_text_from_the_log_never_reaches_the_terminal_raw(todo_catalog, tmp_path
         assert "evil\\x1b[2J\\x1b]0;pwned\\x07\\u202e" in text  # shown, escaped
     [trace] = TraceStore(tmp_path / "out").read()
     assert ToolResult.text_of(trace.steps[0].result) == f"gone {hostile}"  # the data itself is kept as the server sent it
+
+
+def nested(levels: int) -> str:
+    """`levels` arrays and objects inside each other, as JSON text (too deep for `json.dumps` to write)."""
+    return "".join('{"a": [' for _ in range(levels // 2)) + "1" + "".join("]}" for _ in range(levels // 2))
+
+
+def test_a_line_nested_too_deep_to_store_is_skipped_and_reported_and_the_rest_imported(todo_catalog, tmp_path):
+    """Arguments or a result nested hundreds or thousands of levels parsed, but could not be stored (the
+    trace's JSON is written no deeper than pydantic's limit): one such line stopped the whole import."""
+    good = json.dumps({"calls": [{"tool": "get_todo", "arguments": {"id": "t1"}, "result": ONLY_T1[0]}]})
+    (tmp_path / "tools.json").write_text(json.dumps([spec.to_dict() for spec in todo_catalog]))
+    lines = [good]
+    for levels in (300, 900, 5_000):
+        lines += ['{"calls": [{"tool": "get_todo", "arguments": {"id": "t1", "x": %s}, "result": 1}]}' % nested(levels),
+                  '{"calls": [{"tool": "get_todo", "arguments": {"id": "t1"}, "result": {"v": %s}}]}' % nested(levels),
+                  '{"calls": [{"tool": "get_todo", "arguments": %s, "result": 1}]}' % json.dumps(
+                      '{"id": "t1", "x": %s}' % nested(levels))]  # a JSON string of arguments, as OpenAI logs carry them
+    log = write_log(tmp_path / "log.jsonl", *lines, good)
+    traces, summary = read_log(log, todo_catalog)
+    assert [t.metadata["source"] for t in traces] == ["log.jsonl:1", "log.jsonl:11"]
+    assert [number for number, _ in summary.skipped] == list(range(2, 11))
+    assert all(why.endswith(f"nested deeper than {MAX_DEPTH} levels") for _, why in summary.skipped), summary.skipped
+    out = envace("traces", "import", str(log), "--catalog", str(tmp_path / "tools.json"), "--out", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    assert "imported 2 episode(s) with 2 call(s)" in out.stdout and "skipped 9 line(s): line 2: nested" in out.stdout
+    stored = TraceStore(tmp_path / "out")
+    assert [t.metadata["source"] for t in stored.read()] == ["log.jsonl:1", "log.jsonl:11"] and stored.problems == []
