@@ -320,11 +320,13 @@ def outcome_text(prediction: Prediction | None) -> str:
     """The rehearsed outcome in words, whole, control characters shown."""
     if prediction is None:
         return "not rehearsed"
+    sure = f", P(error) {prediction.p_error:.2f}" if prediction.p_error is not None else ""
     if prediction.status == "result":
-        return visible(f"succeeds, returning {json.dumps(prediction.result, ensure_ascii=False)}")
+        return visible(f"succeeds{sure}, returning {json.dumps(prediction.result, ensure_ascii=False)}")
     if prediction.status == "tool_error":
-        return visible(f"fails ({prediction.code}: {prediction.message or prediction.details or 'error'})")
-    return visible(f"could not be read ({prediction.message or prediction.code}): it predicts nothing")
+        return visible(f"fails ({prediction.code}: {prediction.message or prediction.details or 'error'}){sure}")
+    wrote = f"; it wrote: {prediction.text}" if prediction.text else ""
+    return visible(f"could not be read ({prediction.message or prediction.code}): it predicts nothing{wrote}")
 
 
 def read_approval(answer: Any, call: ToolCall) -> Approval:

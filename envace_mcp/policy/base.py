@@ -72,10 +72,11 @@ class PromptPolicy(ABC):
         """One completion of a rendered chat (with `tools=` for the act role)."""
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+                        sampling: SamplingParams, reply_to: Any = None) -> tuple[RawCompletion, str]:
         """A completion that continues a chat rendered up to `prompts.TOOL_TURN_SLOT` (inline rehearsal),
-        and the text that closes that turn (`prompts.inline_prompt`). Backends that only complete whole
-        chats (chat-model APIs) cannot."""
+        and the text that closes that turn (`prompts.inline_prompt`); `reply_to`: the `ToolSpec` whose
+        reply is written (a backend that can holds it to a readable reply: `reply.ReplyConstraint`).
+        Backends that only complete whole chats (chat-model APIs) cannot."""
         raise UserError(f"{type(self).__name__} cannot continue a rendered prompt, which inline rehearsal needs: "
                         "use rehearse_format='simulator'")
 
@@ -96,9 +97,13 @@ class PromptPolicy(ABC):
         s = self._sampling("rehearse", sampling)
         if self.rehearse_format == "inline":
             chat, tools = render_inline(request)
-            raw, close = await self._continue("rehearse", chat, tools, s)
-            parsed = (parse_tool_turn(raw.text, request.call, request.tool, close) if raw.refused is None
-                      else _unusable(request, raw.refused))
+            raw, close = await self._continue("rehearse", chat, tools, s, reply_to=request.tool)
+            parsed = (parse_tool_turn(raw.text, request.call, request.tool, close, cut=raw.finish_reason == "length")
+                      if raw.refused is None else _unusable(request, raw.refused))
+            if raw.p_error is not None:  # the model's own probability of the status it was held to decide
+                parsed = parsed.model_copy(update={"p_error": raw.p_error, "confidence": (
+                    raw.p_error if parsed.status == "tool_error" else 1 - raw.p_error
+                    if parsed.status == "result" else None)})
             generation = self._generation("rehearse", raw, parsed, s)
             return generation.model_copy(update={"prompt_format": "inline", "turn_close": close})
         raw = await self._complete("rehearse", render_rehearse(request), None, s)

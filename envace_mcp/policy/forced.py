@@ -59,7 +59,7 @@ class ForcedPolicy(PromptPolicy):
         return self.base.force(self.base.render(chat, tools), _TEXT.get(), sampling.temperature or 1.0, score=self.score)
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+                        sampling: SamplingParams, reply_to: Any = None) -> tuple[RawCompletion, str]:
         prompt, close = inline_prompt(self.base.render(chat, tools), self.base.end_texts)
         return self.base.force(prompt, _TEXT.get() + close, sampling.temperature or 1.0, score=self.score), close
 

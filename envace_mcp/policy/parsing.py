@@ -254,7 +254,21 @@ def _wants_object(schema: Any) -> bool:
     return kind == "object" or (kind is None and "properties" in schema)
 
 
-def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str = "") -> Prediction:
+def parse_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str = "", *, cut: bool = False) -> Prediction:
+    """An inline rehearsal as a typed prediction (`read_tool_turn`), its text kept whatever it is (an
+    unreadable one's too, for the approver and the report). `cut`: the rehearsal ran out of tokens, so an
+    unreadable one is `UNKNOWN`, no prediction of anything."""
+    prediction = read_tool_turn(text, call, tool, close)
+    if prediction.status == "invalid" and cut:
+        prediction = prediction.model_copy(update={
+            "code": "UNKNOWN", "message": f"no readable reply within the rehearsal's token budget ({prediction.message})"})
+    if prediction.text is None:
+        _, body, _ = _split_thinking(text or "")
+        prediction = prediction.model_copy(update={"text": body.strip() or None})
+    return prediction
+
+
+def read_tool_turn(text: str, call: ToolCall, tool: ToolSpec | None, close: str = "") -> Prediction:
     """An inline rehearsal (the tool's reply, as the model continued the act context) as a typed
     prediction. The reply is what a server's tool message holds: JSON for structured results, and for
     failures the server's error text (`Error executing tool …`) — there is no status bit in the text a

@@ -40,9 +40,16 @@ class TokenPolicy(PromptPolicy):
         """Token ids that end a turn."""
 
     @abstractmethod
-    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
+    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams,
+                        restrict: Any = None) -> RawCompletion:
         """Sample a completion of `prompt_ids` (whose text is `prompt_text`): its ids, their sampling
-        logprobs, and its text with a final end-of-turn token left out (`decode`)."""
+        logprobs, and its text with a final end-of-turn token left out (`decode`). `restrict`: a logits
+        hook (`reply.ReplyConstraint`), from `reply_constraint`; a backend that takes none ignores it."""
+
+    def reply_constraint(self, tool: Any, stops: tuple[str, ...] = ()) -> Any:
+        """The hook that holds an inline rehearsal of `tool` to a readable reply, which must not write
+        `stops` inside a value (None: not held)."""
+        return None
 
     def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
         """The exact prompt text the model sees."""
@@ -85,8 +92,15 @@ class TokenPolicy(PromptPolicy):
             return self.encode(prompt), close
         return self.encode(self.render(render_rehearse(request), None)), ""
 
-    async def _sample(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
-        return self.fits(prompt_ids, prompt_text, sampling) or await self._generate(prompt_ids, prompt_text, sampling)
+    async def _sample(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams,
+                      restrict: Any = None) -> RawCompletion:
+        refused = self.fits(prompt_ids, prompt_text, sampling)
+        if refused is not None:
+            return refused
+        if restrict is None:
+            return await self._generate(prompt_ids, prompt_text, sampling)
+        raw = await self._generate(prompt_ids, prompt_text, sampling, restrict=restrict.restrict)
+        return raw.model_copy(update={"p_error": restrict.p_error})
 
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
@@ -94,9 +108,10 @@ class TokenPolicy(PromptPolicy):
         return await self._sample(self.encode(text), text, sampling)
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams) -> tuple[RawCompletion, str]:
+                        sampling: SamplingParams, reply_to: Any = None) -> tuple[RawCompletion, str]:
         prompt, close = inline_prompt(self.render(chat, tools), self.end_texts)
         marker = close.strip()
         if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow
             sampling = sampling.model_copy(update={"stop": (*sampling.stop, marker)})
-        return await self._sample(self.encode(prompt), prompt, sampling), close
+        restrict = self.reply_constraint(reply_to, tuple(sampling.stop)) if role == "rehearse" else None
+        return await self._sample(self.encode(prompt), prompt, sampling, restrict), close

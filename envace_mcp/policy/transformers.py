@@ -25,6 +25,7 @@ from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.policy.constrained import CallConstraint, TokenText
 from envace_mcp.policy.prompts import ChatMessage
+from envace_mcp.policy.reply import ReplyConstraint
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import ToolFormat, adapter_formats
 from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
@@ -45,6 +46,9 @@ class TransformersPolicy(TokenPolicy):
         constrain_calls: decode the act role's tool calls under the tools' schemas (`constrained`): known
             tool names, declared argument keys, required ones present, values of the right kind. For
             inference; its logprobs are the constrained distribution's, so not for GRPO rollouts.
+        constrain_rehearsals: decode inline rehearsals status first and held to a readable reply, with the
+            model's own P(error) (`reply.ReplyConstraint`). On by default; off for GRPO rollouts (the
+            trainer's recomputed logprobs are the unconstrained distribution's).
         context_window: tokens of prompt + completion the model takes (default: its config's
             `max_position_embeddings`); a request past it is not generated (`TokenPolicy.fits`).
     """
@@ -66,6 +70,7 @@ class TransformersPolicy(TokenPolicy):
         prefix_cache_tokens: int = 32768,
         kv_budget_gb: float | Literal["auto"] | None = "auto",
         constrain_calls: bool = False,
+        constrain_rehearsals: bool = True,
         context_window: int | None = None,
         batch_invariant: bool = False,
     ) -> None:
@@ -79,6 +84,7 @@ class TransformersPolicy(TokenPolicy):
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self._rng = random.Random(seed)
         self.constrain_calls = constrain_calls
+        self.constrain_rehearsals = constrain_rehearsals
         self._token_text: TokenText | None = None
         self.adapter_folder: str | Path | None = None
         """The LoRA adapter folder the weights were loaded with: its envace.json recommends a gate."""
@@ -130,21 +136,31 @@ class TransformersPolicy(TokenPolicy):
         return Job(prompt_ids, sampling, sampling.seed if sampling.seed is not None else self._rng.randrange(2**63),
                    restrict=restrict)
 
-    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
-        return _raw(await self.engine.submit(self.job(prompt_ids, sampling)), prompt_text)
+    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams,
+                        restrict: Any = None) -> RawCompletion:
+        return _raw(await self.engine.submit(self.job(prompt_ids, sampling, restrict=restrict)), prompt_text)
+
+    def reply_constraint(self, tool: Any, stops: tuple[str, ...] = ()) -> ReplyConstraint | None:
+        if not self.constrain_rehearsals:
+            return None
+        return ReplyConstraint(getattr(tool, "output_schema", None), self._tokens(), self.eos_ids,
+                               special_ids=set(self.tokenizer.all_special_ids), stops=stops)
+
+    def _tokens(self) -> TokenText:
+        if self._token_text is None:
+            self._token_text = TokenText(self.tokenizer)
+        return self._token_text
 
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
         if role != "act" or not self.constrain_calls or not tools:
             return await super()._complete(role, chat, tools, sampling)
-        if self._token_text is None:
-            self._token_text = TokenText(self.tokenizer)
         text = self.render(chat, tools)
         ids = self.encode(text)
         refused = self.fits(ids, text, sampling)
         if refused is not None:
             return refused
-        job = self.job(ids, sampling, restrict=CallConstraint(tools, self._token_text).restrict)
+        job = self.job(ids, sampling, restrict=CallConstraint(tools, self._tokens()).restrict)
         return _raw(await self.engine.submit(job), text)
 
     # ------------------------------------------------------------------ teacher forcing and scoring

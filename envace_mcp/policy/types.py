@@ -136,8 +136,13 @@ class Prediction(BaseModel):
     details: Any = None
     repaired: bool = False
     confidence: float | None = None
-    """The probability the rehearse role gave the first token it wrote (where an error reply and a result
-    part ways): how sure it was of this outcome. `None` when the backend reports no logprobs."""
+    """How sure the rehearse role was of this outcome: `p_error` for a predicted failure, 1 − `p_error` for
+    a result where the status was decoded first; else the probability it gave the first token it wrote.
+    `None` when the backend reports no logprobs."""
+    p_error: float | None = None
+    """The model's own probability that the call fails, read off its status decision (the mass on tokens
+    opening an error reply over the mass on tokens opening any reply: `reply.ReplyConstraint`). `None`
+    where the rehearsal was not decoded status first (the simulator format, a chat-model or vLLM backend)."""
     text: str | None = None
     """Inline rehearsals: the tool turn as the model wrote it (what stands in for the tool's reply in
     simulated mode, so the trajectory continues the rehearsal's own tokens)."""
@@ -241,6 +246,8 @@ class RawCompletion(BaseModel):
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    p_error: float | None = None
+    """An inline rehearsal held to a readable reply (`reply.ReplyConstraint`): the model's P(error)."""
     refused: str | None = None
     """Why nothing was sampled (the prompt and `max_new_tokens` do not fit the model's context): the
     text is empty and the roles turn this into a parse failure (`PROMPT_TOO_LONG`), not a crash."""

@@ -135,7 +135,8 @@ class VLLMPolicy(TokenPolicy):
             body["seed"] = sampling.seed
         return body
 
-    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams) -> RawCompletion:
+    async def _generate(self, prompt_ids: list[int], prompt_text: str, sampling: SamplingParams,
+                        restrict: Any = None) -> RawCompletion:
         data = await self.client.post("/completions", self.request(prompt_ids, sampling))
         try:
             choice = data["choices"][0]

@@ -144,7 +144,9 @@ class RolloutGroups:
             self.policy = TransformersPolicy(learner.model, learner.tokenizer,
                                              name=f"{config.model or 'embedded'} (training)", max_batch_size=max(16, k),
                                              kv_budget_gb=rollout_kv_gb(config.performance.rollout_kv_gb, learner.model),
-                                             prefix_cache_tokens=config.performance.rollout_prefix_cache_tokens, **formats)
+                                             prefix_cache_tokens=config.performance.rollout_prefix_cache_tokens,
+                                             constrain_rehearsals=False,  # its logprobs must be the trainer's
+                                             **formats)
         """The rollout policy (replaceable, e.g. by a `ForcedPolicy` around it)."""
         self.stats: dict[str, float] = {}
         """The last step's rollout figures (`uniform_groups`, `rolled_groups`), logged with its metrics."""

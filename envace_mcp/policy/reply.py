@@ -1,0 +1,214 @@
+"""Rehearsals held to a readable tool reply while they are decoded, and the model's own P(error).
+
+An inline rehearsal is the tool's reply, written where the server's would go. Left to itself a small
+model writes markup (`<tool_call>`, the next act turn), half a JSON object, or an object its tool's
+`outputSchema` refuses, and each is a rehearsal nobody can read. `ReplyConstraint` decides the status
+first and then holds the reply to it:
+
+- the first token decides: an error reply (`Error executing tool …`, how MCP servers' failures read) or
+  a result — for a tool with an `outputSchema`, a JSON value of its kind (an object for object schemas,
+  each key one the schema declares, the object closed only once every required key is there:
+  `constrained.CallConstraint`'s scanner); without one, JSON or plain text, never markup;
+- `p_error` is read off that first decision: the probability mass the model puts on tokens that open an
+  error, over the mass on tokens that open either kind of reply (the 256 likeliest tokens: the rest
+  carry nothing measurable). It is the model's own P(error), whatever the greedy choice;
+- a JSON reply ends as soon as its value is complete (only end-of-turn may follow), and cannot end
+  before; an error's message and a plain-text result run free to the end of the turn.
+
+What cannot be finished within the token budget stays unreadable, and the parser calls it `UNKNOWN`
+(never a prediction). Like `CallConstraint`, the logprob recorded for a masked token is the masked
+distribution's, so training rollouts decode without it (`TransformersPolicy(constrain_rehearsals=False)`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import torch
+
+from envace_mcp.policy.constrained import CallConstraint, TokenText, Violation, _State
+
+ERROR_OPENING = "Error"
+"""How an MCP server's failure reads in its tool message (`Error executing tool <name>: …`)."""
+DECIDING = 256
+"""Candidates (likeliest first) whose mass decides P(error) at the first token."""
+CANDIDATES = 64
+"""Candidates tried per step after the first (the vocabulary is scanned when none fits)."""
+MAX_BLANK = 12
+"""Blank characters in a row between JSON tokens (a 2-space indented reply nests 5 deep in 12)."""
+MAX_NUMBER = 32
+"""Characters of one JSON number (a float's 17 digits, a sign, a point and an exponent fit easily)."""
+_NUMBER_PREFIX = re.compile(r"-?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?)?")
+_JSON_START = '{["-0123456789tfn'
+_PREFIX = '<tool_call>{"name": "reply", "arguments": '
+
+
+class ReplyConstraint:
+    """Masks the logits of one inline rehearsal of `tool` (see the module); `restrict` is the engine's
+    hook. After decoding, `p_error` holds the model's P(error) (None if it never reached a decision)."""
+
+    def __init__(self, output_schema: Any, token_text: TokenText, end_ids: set[int], *,
+                 special_ids: set[int] = frozenset(), stops: tuple[str, ...] = ()) -> None:
+        self.schema = output_schema if isinstance(output_schema, dict) and output_schema else None
+        kind = self.schema.get("type") if self.schema else None
+        self.wants_object = kind == "object" or (kind is None and self.schema is not None and "properties" in self.schema)
+        self.token_text = token_text
+        self.end_ids = set(end_ids)
+        self.special_ids = set(special_ids) - self.end_ids
+        """Template tokens (`<|im_start|>`): inside a JSON value they are text no server writes."""
+        self.stops = tuple(s for s in stops if s)
+        """Stop strings (the tool turn's close): written inside a JSON string they would cut it short."""
+        self.scanner = CallConstraint([{"name": "reply", "inputSchema": self.schema if self.wants_object else {}}],
+                                      token_text, prefix=_PREFIX)
+        self.branch: str | None = None  # "error" | "json" | "text", once the reply's first characters decide
+        self.text = ""
+        self.fed = 0
+        self.p_error: float | None = None
+
+    # ------------------------------------------------------------------ the engine's hook
+
+    def restrict(self, tokens: list[int], logits: torch.Tensor) -> None:
+        for token in tokens[self.fed:]:
+            self._take(self.token_text(token) if token not in self.end_ids else "")
+        self.fed = len(tokens)
+        if self.branch is None:
+            self._decide(logits)
+        elif self.branch == "json":
+            self._json_step(logits)
+        # an error's message and a plain-text result: free to the end of the turn
+
+    def _take(self, text: str) -> None:
+        opening = self.branch is None
+        self.text += text
+        if self.branch == "json" or (opening and self._opens_json(self.text.lstrip())):
+            if self.branch is None:
+                self.branch = "json"
+                text = self.text.lstrip()
+            try:
+                self._feed(self.scanner.state, text)
+            except Violation:  # only a fallback token gets here: stop holding this reply
+                self.branch = "text"
+            return
+        body = self.text.lstrip()
+        if opening and body and not ERROR_OPENING.startswith(body):
+            self.branch = "error" if body.startswith(ERROR_OPENING) else "text"
+
+    # ------------------------------------------------------------------ the first token: the status
+
+    def _decide(self, logits: torch.Tensor) -> None:
+        probs = torch.softmax(logits.float(), dim=-1)
+        order = torch.topk(logits, min(DECIDING, logits.numel())).indices.tolist()
+        error, result = [], []
+        for token in order:
+            side = self._side(token)
+            if side == "error":
+                error.append(token)
+            elif side == "result":
+                result.append(token)
+        if self.p_error is None and self.text.strip() == "":  # the decision itself, not a later "E" → "rror" step
+            mass_error = float(probs[error].sum()) if error else 0.0
+            mass_result = float(probs[result].sum()) if result else 0.0
+            total = mass_error + mass_result
+            self.p_error = mass_error / total if total > 0 and math.isfinite(total) else None
+        allowed = error + result
+        if not allowed:  # nothing likely opens a reply: scan the vocabulary once for anything that does
+            allowed = [t for t in torch.isfinite(logits).nonzero().flatten().tolist() if self._side(t) is not None]
+        _keep(logits, allowed)
+
+    def _side(self, token: int) -> str | None:
+        """Which reply a token opens (continuing the text so far): "error", "result", or None (it opens
+        none: markup, an end of turn, blank space)."""
+        if token in self.end_ids:
+            return None
+        candidate = (self.text + self.token_text(token)).lstrip()
+        if not candidate:
+            return None
+        if ERROR_OPENING.startswith(candidate) or candidate.startswith(ERROR_OPENING):
+            return "error"
+        if self.text.strip():  # inside "Error": only the word itself continues it
+            return None
+        if self._opens_json(candidate):
+            try:
+                self._feed(self.scanner.state.clone(), candidate)
+            except Violation:
+                return None
+            return "result"
+        if self.schema is not None or candidate[0] == "<":  # a structured tool answers JSON; markup is no reply
+            return None
+        return "result"
+
+    def _opens_json(self, body: str) -> bool:
+        if not body:
+            return False
+        return body[0] == "{" if self.wants_object else body[0] in _JSON_START and (
+            self.schema is not None or body[0] in "{[")
+
+    # ------------------------------------------------------------------ a JSON reply
+
+    def _json_step(self, logits: torch.Tensor) -> None:
+        if self._complete():
+            _keep(logits, sorted(self.end_ids))
+            return
+        order = torch.topk(logits, min(CANDIDATES, logits.numel())).indices.tolist()
+        allowed = [t for t in order if t not in self.end_ids and self._fits(t)]
+        if not allowed:
+            allowed = [t for t in torch.isfinite(logits).nonzero().flatten().tolist()
+                       if t not in self.end_ids and self._fits(t)]
+        if allowed:
+            _keep(logits, allowed)
+
+    def _fits(self, token: int) -> bool:
+        text = self.token_text(token)
+        if not text or token in self.special_ids or "<|" in text or "\ufffd" in text:
+            return False  # template markup, or part of a character (which, alone, decodes to U+FFFD)
+        if self.stops and any(stop in self.text[-64:] + text for stop in self.stops):
+            return False
+        try:
+            self._feed(self.scanner.state.clone(), text)
+        except Violation:
+            return False
+        return True
+
+    def _feed(self, state: _State, text: str) -> None:
+        """The scanner's, stricter where a reply must be JSON a parser reads: no control character inside
+        a string, no number past `MAX_NUMBER` characters, no run of blank space past `MAX_BLANK` (a
+        small model loops on newlines or digits until the budget is spent)."""
+        for c in text:
+            if state.string is not None and ord(c) < 0x20:
+                raise Violation("a control character inside a JSON string")
+            if state.string is None and state.literal is None and c in " \t\r\n":
+                state.tail = state.tail + c if state.tail.isspace() else c
+                if len(state.tail) > MAX_BLANK:
+                    raise Violation("a run of blank space")
+            elif state.string is None:
+                state.tail = ""
+            self.scanner._char(state, c)
+            if state.literal is not None and state.literal[0] in "-0123456789" and (
+                    len(state.literal) > MAX_NUMBER or not _NUMBER_PREFIX.fullmatch(state.literal)):
+                raise Violation(f"{state.literal!r} does not start a JSON number")
+
+    def _complete(self) -> bool:
+        """Whether the reply's JSON value is whole (a number at the top level: once it reads as one)."""
+        state: _State = self.scanner.state
+        if len(state.stack) != 1 or state.string is not None:
+            return False
+        if state.literal is not None:
+            try:
+                json.loads(state.literal)
+            except ValueError:
+                return False
+            return True
+        return state.stack[0].expect == "comma"
+
+
+def _keep(logits: torch.Tensor, allowed: list[int]) -> None:
+    """Mask every token but `allowed` (in place)."""
+    if not allowed:
+        return
+    keep = torch.full_like(logits, float("-inf"))
+    index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+    keep[index] = logits[index]
+    logits.copy_(keep)

@@ -1,0 +1,104 @@
+"""Rehearsals decoded status first and held to a readable reply: the mask and P(error) on hand-set logits,
+and a tiny random Qwen3 that writes garbage unheld but only readable replies (or an explicit UNKNOWN) held."""
+
+import math
+
+import pytest
+import torch
+from langchain_core.messages import HumanMessage
+
+from envace_mcp.policy import RehearseRequest, SamplingParams, ToolCall, load_policy
+from envace_mcp.policy.constrained import TokenText
+from envace_mcp.policy.reply import ReplyConstraint
+
+pytestmark = pytest.mark.anyio
+SCHEMA = {"type": "object", "properties": {"account_id": {"type": "string"}, "balance": {"type": "number"}},
+          "required": ["account_id", "balance"]}
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_qwen3_dir):
+    return load_policy(str(tiny_qwen3_dir), batch_window_s=0.05, rehearse_format="inline")
+
+
+def _ids(policy, text):
+    return policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _one(policy, text):
+    ids = _ids(policy, text)
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+def _logits(policy, weights):
+    logits = torch.full((len(policy.tokenizer),), float("-inf"))
+    for token, value in weights.items():
+        logits[token] = value
+    return logits
+
+
+def test_the_first_token_decides_the_status_and_p_error_is_the_mass_on_opening_an_error(policy):
+    """Markup and end of turn are masked at the first token; P(error) is the error side's share of the
+    mass on tokens that open a reply, whatever the greedy choice."""
+    error, brace, markup, end = _ids(policy, "Error")[0], _one(policy, "{"), _ids(policy, "<")[0], min(policy.eos_ids)
+    constraint = ReplyConstraint(SCHEMA, TokenText(policy.tokenizer), policy.eos_ids)
+    logits = _logits(policy, {error: 0.0, brace: 1.0, markup: 3.0, end: 2.0})
+    constraint.restrict([], logits)
+    assert constraint.p_error == pytest.approx(1 / (1 + math.e), rel=1e-4)
+    assert torch.isinf(logits[markup]) and torch.isinf(logits[end])  # no markup, no empty reply
+    assert torch.isfinite(logits[error]) and torch.isfinite(logits[brace])
+
+
+def test_a_json_reply_cannot_end_before_its_object_is_whole_and_must_end_once_it_is(policy):
+    end = min(policy.eos_ids)
+    constraint = ReplyConstraint(SCHEMA, TokenText(policy.tokenizer), policy.eos_ids)
+    written = _ids(policy, '{"account_id": "CHK-1", "balance": 12.5')
+    constraint.restrict(written, logits := torch.zeros(len(policy.tokenizer)))
+    assert torch.isinf(logits[end])  # not whole: the end of turn may not come yet
+    closed = written + _ids(policy, "}")
+    constraint.restrict(closed, logits := torch.zeros(len(policy.tokenizer)))
+    assert torch.isfinite(logits[end]) and int(torch.isfinite(logits).sum()) == len(policy.eos_ids)
+
+
+def test_a_required_key_must_be_written_before_the_object_closes(policy):
+    constraint = ReplyConstraint(SCHEMA, TokenText(policy.tokenizer), policy.eos_ids)
+    written = _ids(policy, '{"account_id": "CHK-1"')
+    constraint.restrict(written, logits := torch.zeros(len(policy.tokenizer)))
+    assert torch.isinf(logits[_one(policy, "}")])
+
+
+def test_a_tool_without_an_output_schema_may_answer_in_prose_but_not_in_markup(policy):
+    constraint = ReplyConstraint(None, TokenText(policy.tokenizer), policy.eos_ids)
+    word, markup = _ids(policy, "Done")[0], _ids(policy, "<")[0]
+    constraint.restrict([], logits := _logits(policy, {word: 1.0, markup: 5.0}))
+    assert torch.isfinite(logits[word]) and torch.isinf(logits[markup]) and constraint.p_error == 0.0
+
+
+async def test_a_random_model_writes_only_readable_replies_or_an_explicit_unknown(policy, bank_catalog):
+    """Unheld, the tiny random model's rehearsals are garbage; held, each is a result valid against the
+    tool's output schema, a predicted error, or UNKNOWN (cut at the budget) — never unreadable otherwise."""
+    specs = [s for s in bank_catalog if s.output_schema][:4]
+    requests = [RehearseRequest(call=ToolCall(id=f"c{i}", name=s.name, arguments={}), tool=s, allowed=list(bank_catalog),
+                                history=[HumanMessage(content="What is my balance?")]) for i, s in enumerate(specs)]
+    held, unheld = [], []
+    for seed in range(3):
+        sampling = SamplingParams(max_new_tokens=120, temperature=1.0, seed=seed)
+        for request in requests:
+            held.append((await policy.rehearse(request, sampling)).parsed)
+            policy.constrain_rehearsals = False
+            try:
+                unheld.append((await policy.rehearse(request, sampling)).parsed)
+            finally:
+                policy.constrain_rehearsals = True
+    assert all(p.status != "invalid" or p.code == "UNKNOWN" for p in held), [(p.code, p.message) for p in held]
+    assert all(p.p_error is not None and 0.0 <= p.p_error <= 1.0 for p in held)
+    assert all(p.text for p in held)  # what it wrote is kept, readable or not
+    assert all(p.text.startswith("Error") for p in held if p.status == "tool_error")
+
+    def garbage(p):  # unreadable, or prose that the parser can only take for a failure
+        return (p.status == "invalid" and p.code != "UNKNOWN") or (p.status == "tool_error" and not p.text.startswith("Error"))
+
+    assert sum(map(garbage, unheld)) > len(unheld) // 2  # what the hold lifts
+    assert not any(map(garbage, held))
+    assert all(p.p_error is None for p in unheld)
