@@ -19,6 +19,7 @@ from envace_mcp.policy.prompts import TOOL_OUTPUT_CHARS, render_act, tool_call_t
 from envace_mcp.testing import FunctionPolicy
 from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import TraceStore, record_run
+from envace_mcp.traces.schema import RESULT_CHARS
 
 pytestmark = pytest.mark.anyio
 
@@ -88,7 +89,9 @@ async def _run(toolbox, act, *, rehearse=None, gate=None, store=None):
                             context=context, store=store)
 
 
-async def test_a_10_mb_output_arrives_whole_the_prompt_shows_a_clipped_view_and_the_trace_keeps_it(tmp_path):
+async def test_a_10_mb_output_arrives_whole_the_prompt_shows_a_clipped_view_and_the_trace_keeps_one_cut_copy(tmp_path):
+    """The reply came as text and again as structured content: the trace stored 20 MB for it. It keeps the
+    first `RESULT_CHARS` of the text, once, and says what was cut."""
     act, seen = _act_then_answer([("big", {"megabytes": 10})])
     store = TraceStore(tmp_path)
     async with Toolbox({"probe": build()}) as toolbox:
@@ -98,8 +101,12 @@ async def test_a_10_mb_output_arrives_whole_the_prompt_shows_a_clipped_view_and_
     shown = next(m["content"] for m in chat if m["role"] == "tool")
     assert len(shown) < TOOL_OUTPUT_CHARS + 200 and "characters cut" in shown
     [stored] = list(store.read())
-    tool_step = next(s for s in stored.steps if s.role == "tool")
-    assert len(tool_step.result["content"][0]["text"]) == 10_000_000
+    result = next(s for s in stored.steps if s.role == "tool").result
+    [kept, note] = result["content"]
+    assert kept["text"] == "x" * RESULT_CHARS and result["structured_content"] is None
+    assert result["truncated"] == {"content_chars": 10_000_000, "structured_chars": 10_000_014, "kept_chars": RESULT_CHARS}
+    assert "cut" in note["text"] and "10,000,000" in note["text"]
+    assert RESULT_CHARS < (tmp_path / "traces.jsonl").stat().st_size < RESULT_CHARS + 100_000
 
 
 async def test_bytes_that_are_not_utf8_reach_the_model_as_replacement_characters_and_round_trip_in_traces(tmp_path):

@@ -144,7 +144,8 @@ def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
 TOOL_OUTPUT_CHARS = 16_000
 """How much of one tool output a prompt shows (~4k tokens). Tools can return megabytes (a file, a
 table dump); shown whole they would overflow any context. The head and the tail are kept and the cut
-is stated, so the model knows it saw part; the trace keeps the whole result."""
+is stated, so the model knows it saw part; the trace keeps the result up to
+`traces.schema.RESULT_CHARS`."""
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -54,6 +54,10 @@ class ToolResult(BaseModel):
     """When the server ran the call as a task (MCP tasks extension): its life as `toolbox.tasks.TaskLife`
     JSON — `task_id`, `statuses` ([status, seconds since creation] pairs), `polls`, `final_status`,
     `cancel_sent`. The result itself is always the task's final one, never its handle."""
+    truncated: dict[str, int | None] | None = None
+    """Set on a result a trace stored cut (`traces.schema.RESULT_CHARS`): the characters its content held
+    (`content_chars`: text, and other blocks as JSON), its structured content as JSON (`structured_chars`,
+    None: it had none) and how many of the content's were kept (`kept_chars`). None: whole."""
 
     @property
     def text(self) -> str:

@@ -48,6 +48,47 @@ class Comparison(BaseModel):
     mismatches: list[str] = Field(default_factory=list)
 
 
+RESULT_CHARS = 1 << 20
+"""The most characters one stored tool result keeps: 64 times what a prompt shows of it
+(`prompts.TOOL_OUTPUT_CHARS`), so a reply a model could have seen whole is stored whole, while a tool that
+answers with 48 MB (a file, a table dump) makes a 1 MiB step, not a trace line no reader can hold."""
+
+
+def bounded_result(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` (`ToolResult` JSON) as a trace stores it: as it is when its content (text, other blocks as
+    JSON) and structured content together hold at most `RESULT_CHARS` characters. Past that it is kept
+    once: structured content dropped (it repeats the reply as JSON, and cut JSON is not JSON), the content
+    cut to `RESULT_CHARS` and closed by a text block saying so, and `truncated` giving the sizes."""
+    content = result.get("content")
+    if not isinstance(content, list) or result.get("truncated"):  # not a tool's reply, or cut already
+        return result
+    sizes = [len(block["text"]) if _is_text(block) else len(json.dumps(block, ensure_ascii=False, default=str))
+             for block in content]
+    structured = result.get("structured_content")
+    structured_chars = None if structured is None else len(json.dumps(structured, ensure_ascii=False, default=str))
+    if sum(sizes) + (structured_chars or 0) <= RESULT_CHARS:
+        return result
+    kept: list[Any] = []
+    room = RESULT_CHARS
+    for block, size in zip(content, sizes):
+        if size > room and not _is_text(block):
+            break
+        kept.append({**block, "text": block["text"][:room]} if size > room else block)
+        room -= min(size, room)
+        if not room:
+            break
+    note = (f"[... result cut: its content had {sum(sizes):,} characters, the first {RESULT_CHARS - room:,} are kept"
+            + (f"; its structured content ({structured_chars:,} characters) is left out" if structured is not None else "")
+            + " ...]")
+    return {**result, "content": [*kept, {"type": "text", "text": note}], "structured_content": None,
+            "truncated": {"content_chars": sum(sizes), "structured_chars": structured_chars,
+                          "kept_chars": RESULT_CHARS - room}}
+
+
+def _is_text(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+
+
 class Step(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -76,7 +117,8 @@ class Step(BaseModel):
     tool: str | None = None
     arguments: Any = None
     result: dict[str, Any] | None = None
-    """`ToolResult` as JSON for real calls; the rehearsal for simulated ones."""
+    """`ToolResult` as JSON for real calls; the rehearsal for simulated ones. At most `RESULT_CHARS` of it
+    are kept (`bounded_result`)."""
     simulated: bool = False
     decision: str | None = None
     reason: str | None = None
@@ -91,6 +133,11 @@ class Step(BaseModel):
     asked: list[dict[str, Any]] | None = None
     """Tool steps: each round of questions the tool's server asked during the call (`toolbox.asking`), and
     what was answered: `{"round", "questions", "answers"}` (`answers` None: not answered, `why`)."""
+
+    @field_validator("result")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return bounded_result(value) if value is not None else None
 
     @property
     def ran(self) -> bool:

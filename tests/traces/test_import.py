@@ -18,6 +18,7 @@ from envace_mcp.errors import UserError
 from envace_mcp.toolbox import InProcessServer, Toolbox, ToolResult, ToolSpec, load_servers
 from envace_mcp.traces import TraceStore, load_catalog, mutate_calls, read_log
 from envace_mcp.traces.importing import MAX_DEPTH
+from envace_mcp.traces.schema import RESULT_CHARS
 from envace_mcp.traces.mutating import HUGE, changes
 from probe_server import build as build_probe
 
@@ -335,3 +336,25 @@ def test_a_line_nested_too_deep_to_store_is_skipped_and_reported_and_the_rest_im
     assert "imported 2 episode(s) with 2 call(s)" in out.stdout and "skipped 9 line(s): line 2: nested" in out.stdout
     stored = TraceStore(tmp_path / "out")
     assert [t.metadata["source"] for t in stored.read()] == ["log.jsonl:1", "log.jsonl:11"] and stored.problems == []
+
+
+def test_a_huge_logged_result_is_stored_once_cut_to_the_limit_and_marked(todo_catalog, tmp_path):
+    """A 3 MB listing logged as structured content became its text and its structured content, 6 MB a
+    trace; a 2 MB error message was stored whole. Each keeps `RESULT_CHARS`, once, marked as cut."""
+    todos = {"todos": [{"id": f"t{i}", "title": "x" * 90} for i in range(30_000)]}
+    log = write_log(tmp_path / "log.jsonl", {"calls": [{"tool": "list_todos", "arguments": {}, "result": todos},
+                                                       {"tool": "get_todo", "arguments": {"id": "t1"}, "error": "e" * 2_000_000},
+                                                       {"tool": "get_todo", "arguments": {"id": "t1"}, "result": ONLY_T1[0]}]})
+    [trace], _ = read_log(log, todo_catalog)
+    store = TraceStore(tmp_path / "traces")
+    store.append(trace)
+    [stored] = TraceStore(tmp_path / "traces").read()
+    listed, failed, small = (ToolResult.model_validate(s.result) for s in stored.steps)
+    text = json.dumps(todos, indent=2, ensure_ascii=False)
+    assert listed.structured_content is None and listed.content[0]["text"] == text[:RESULT_CHARS]
+    assert listed.truncated == {"content_chars": len(text), "structured_chars": len(json.dumps(todos, ensure_ascii=False)),
+                                "kept_chars": RESULT_CHARS}
+    assert failed.is_error and failed.text.startswith("e" * RESULT_CHARS + "\n[") and "2,000,000" in failed.text
+    assert failed.truncated == {"content_chars": 2_000_000, "structured_chars": None, "kept_chars": RESULT_CHARS}
+    assert small.truncated is None and small.structured_content == ONLY_T1[0]  # within the limit: as the server sent it
+    assert (tmp_path / "traces" / "traces.jsonl").stat().st_size < 2 * RESULT_CHARS + 100_000
