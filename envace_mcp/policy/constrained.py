@@ -118,6 +118,7 @@ class _Frame:
     expect: str = "key"  # object: key | colon | value | comma; array: value | comma
     key: str | None = None
     keys: list[str] = field(default_factory=list)
+    schema: Any = None  # what a nested value must be, where a scanner checks it (`reply.ReplyConstraint`)
 
 
 @dataclass
@@ -142,7 +143,8 @@ class _State:
     def clone(self) -> _State:
         """A copy to try a token on (deepcopy costs ~10x more, and 64 tries run per decoding step)."""
         string = self.string
-        return _State(self.mode, self.tail, [_Frame(f.kind, f.role, f.expect, f.key, list(f.keys)) for f in self.stack],
+        return _State(self.mode, self.tail, [_Frame(f.kind, f.role, f.expect, f.key, list(f.keys), f.schema)
+                                             for f in self.stack],
                       None if string is None else _String(string.allowed, string.is_key, string.text, string.escape),
                       self.literal, self.literal_kind, self.literal_bounds, self.name)
 

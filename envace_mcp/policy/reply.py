@@ -61,8 +61,7 @@ class ReplyConstraint:
         """Template tokens (`<|im_start|>`): inside a JSON value they are text no server writes."""
         self.stops = tuple(s for s in stops if s)
         """Stop strings (the tool turn's close): written inside a JSON string they would cut it short."""
-        self.scanner = CallConstraint([{"name": "reply", "inputSchema": self.schema if self.wants_object else {}}],
-                                      token_text, prefix=_PREFIX)
+        self.scanner = _ReplyScanner(self.schema if self.wants_object else {}, token_text)
         self.branch: str | None = None  # "error" | "json" | "text", once the reply's first characters decide
         self.text = ""
         self.fed = 0
@@ -202,6 +201,65 @@ class ReplyConstraint:
                 return False
             return True
         return state.stack[0].expect == "comma"
+
+
+class _ReplyScanner(CallConstraint):
+    """`CallConstraint`'s scanner on one reply (the arguments of a call named "reply"), checking nested
+    objects and array items too: each key one its schema declares, every required one before it closes
+    (FastMCP's nested models arrive as `$ref`s into `$defs`)."""
+
+    def __init__(self, schema: dict[str, Any], token_text: TokenText) -> None:
+        self.root = schema
+        super().__init__([{"name": "reply", "inputSchema": schema}], token_text, prefix=_PREFIX)
+
+    def _resolve(self, schema: Any, depth: int = 0) -> Any:
+        """`schema` with a local `$ref` followed and a nullable `anyOf` / `oneOf` narrowed to its one
+        non-null branch; anything else as it is (unchecked where it means several things)."""
+        if not isinstance(schema, dict) or depth > 8:
+            return schema
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: Any = self.root
+            for part in ref[2:].split("/"):
+                target = target.get(part) if isinstance(target, dict) else None
+            return self._resolve(target, depth + 1)
+        for key in ("anyOf", "oneOf"):
+            branches = [b for b in schema.get(key) or [] if not (isinstance(b, dict) and b.get("type") == "null")]
+            if key in schema and len(branches) == 1:
+                return self._resolve(branches[0], depth + 1)
+        return schema
+
+    def _value_schema(self, state: _State, frame: Any) -> Any:
+        if frame.role == "args":
+            return self._resolve(super()._value_schema(state, frame))
+        schema = self._resolve(frame.schema)
+        if not isinstance(schema, dict):
+            return None
+        if frame.kind == "array":
+            return self._resolve(schema.get("items"))
+        return self._resolve((schema.get("properties") or {}).get(frame.key))
+
+    def _start_value(self, state: _State, frame: Any, c: str) -> None:
+        schema = self._value_schema(state, frame) if frame.role != "call" else None
+        depth = len(state.stack)
+        super()._start_value(state, frame, c)
+        if len(state.stack) > depth and state.stack[-1].role == "other":
+            state.stack[-1].schema = schema
+
+    def _unused(self, state: _State, frame: Any) -> list[str] | None:
+        if frame.role != "other" or frame.kind != "object":
+            return super()._unused(state, frame)
+        props = (self._resolve(frame.schema) or {}).get("properties") if isinstance(self._resolve(frame.schema), dict) else None
+        return [k for k in props if k not in frame.keys] if props else None
+
+    def _close(self, state: _State) -> None:
+        frame = state.stack[-1]
+        schema = self._resolve(frame.schema)
+        if frame.role == "other" and frame.kind == "object" and isinstance(schema, dict):
+            missing = [k for k in schema.get("required") or [] if k not in frame.keys]
+            if missing:
+                raise Violation(f"required field(s) missing: {', '.join(missing)}")
+        super()._close(state)
 
 
 def _keep(logits: torch.Tensor, allowed: list[int]) -> None:

@@ -102,3 +102,25 @@ async def test_a_random_model_writes_only_readable_replies_or_an_explicit_unknow
     assert sum(map(garbage, unheld)) > len(unheld) // 2  # what the hold lifts
     assert not any(map(garbage, held))
     assert all(p.p_error is None for p in unheld)
+
+
+ITEMS = {"$defs": {"Item": {"type": "object", "properties": {"sku": {"type": "string"}, "units": {"type": "integer"}},
+                            "required": ["sku", "units"]}},
+         "type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                                          "next": {"anyOf": [{"$ref": "#/$defs/Item"}, {"type": "null"}]}},
+         "required": ["items"]}
+
+
+@pytest.mark.parametrize("text, closer, allowed", [
+    ('{"items": [{"sku": "A"', "}", False),  # an item closed before its required `units`
+    ('{"items": [{"sku": "A", "units": 2', "}", True),
+    ('{"items": [{"', "colour", False),  # a key no item has
+    ('{"items": [{"sku": "A", "units": ', '"', False),  # an integer field written as a string
+    ('{"items": [], "next": {"sku": "B"', "}", False),  # a nullable nested model is still checked
+])
+def test_nested_models_are_held_to_their_schema_too(policy, text, closer, allowed):
+    """FastMCP writes nested models as `$ref`s into `$defs`: a list of items whose elements broke their
+    schema read as OUTPUT_SCHEMA_MISMATCH on the inventory server before."""
+    constraint = ReplyConstraint(ITEMS, TokenText(policy.tokenizer), policy.eos_ids)
+    constraint._take(text)
+    assert constraint._fits(_ids(policy, closer)[0]) is allowed
