@@ -309,9 +309,18 @@ def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announ
 
         shown = settings_text(recommended)
         whose = "the rehearse adapter's" if rehearse_adapter is not None else "the adapter's"
-        from envace_mcp.graph.trust import read_trust
-
-        table = read_trust(rehearse_adapter if rehearse_adapter is not None else folder)
-        scope = f"; for the {len(table)} tool(s) its trust.json names (others: shown, not acted on)" if table else ""
-        console.print(f"[dim]gate from {whose} envace.json: {shown}{scope} (--gate overrides)[/]")
+        console.print(f"[dim]gate from {whose} envace.json: {shown} (--gate overrides)[/]")
     return config, folder
+
+
+def announce_trust(policy: Any) -> None:
+    """What the loaded world model's trust table lets the gate act on, and each thing its re-check
+    refused or found (`policy.trust.read_trust`), one line each, escaped."""
+    table = getattr(policy, "trust", None)
+    if table is None:
+        return
+    acted = sorted(name for name, t in table.tools.items() if t.believe_failures or t.fail_closed or t.skip_approval)
+    console.print(f"[dim]trust table {safe(str(table.path))}: the gate acts on the world model's predictions for "
+                  f"{len(acted)} of the {len(table.tools)} tool(s) it measured (others: shown, not acted on)[/]")
+    for note in table.notes:
+        console.print(f"[yellow]{safe(note)}[/]")

@@ -20,6 +20,7 @@ from envace_mcp.cli._common import (
     TracesOut,
     YesOpt,
     _agent_gate,
+    announce_trust,
     _bundled_config,
     _catalog_table,
     _fail,
@@ -97,6 +98,7 @@ def demo(
                         policy = load_policy(model, adapter=adapter_folder)
                     except EnvaceError as exc:
                         _fail(exc)
+                announce_trust(policy)
                 from envace_mcp.traces import TraceStore
 
                 approver = TerminalApprover(console, assume_yes=yes)
@@ -152,7 +154,7 @@ def run_command(
     turns spent, or the same call stopped three times) says why and exits with code 1."""
     run_limits = _limits(limits)  # every check of the command line before the gate is announced
     if rehearse_adapter is not None:
-        from envace_mcp.graph.trust import require_report
+        from envace_mcp.policy.trust import require_report
 
         try:
             require_report(rehearse_adapter)  # your agent reads a world model only as far as it was measured
@@ -178,6 +180,7 @@ async def _run(task, servers, model, adapter, mode, rehearse, gate_config, limit
             policy = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter, constrain_calls=constrain_calls)
         except EnvaceError as exc:
             _fail(exc)
+    announce_trust(policy)
     try:
         async with Toolbox(servers) as toolbox:
             approver = TerminalApprover(console, assume_yes=yes)

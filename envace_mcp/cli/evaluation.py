@@ -109,13 +109,11 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
 
     policy = None
     if settings.policy == "model":
-        from envace_mcp.policy import load_policy
+        from envace_mcp.eval.evaluate import load_model_policy
 
         with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
             try:
-                policy = load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
-                                     batch_invariant=settings.batch_invariant,
-                                     constrain_calls=settings.constrain_calls)
+                policy = load_model_policy(settings)
             except EnvaceError as exc:
                 _fail(exc)
     passed, scores = [0, 0], []

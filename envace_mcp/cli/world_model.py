@@ -45,12 +45,16 @@ def fit_command(
     try:
         settings = build(SFTConfig, *_config_layers(config, SFTConfig), {"seed": seed}, where="envace world-model fit")
         _, calls, unknown = read_calls(traces)  # bad input fails before the model loads
-        split(calls, holdout, seed, max_calls)
+        train, held, how = split(calls, holdout, seed, max_calls)
     except EnvaceError as exc:
         _fail(exc)
     if unknown:
         console.print(f"skipped {sum(unknown.values())} calls to tools the runs' catalogs lack: "
                       + ", ".join(safe(name) for name in sorted(unknown)[:5]))
+    capped = f" (whole runs, up to --max-calls {max_calls})" if max_calls is not None else ""
+    console.print(f"training on {len(train)} calls of {len(how['trained_runs'])} runs{capped}; measuring on "
+                  f"{len(held)} held-out calls of {len(how['held_out_runs'])} runs")
+    console.print(room_for_trust(held))
     start = default_adapter(model, adapter)
     with _holding(out):
         try:
@@ -61,10 +65,9 @@ def fit_command(
         except EnvaceError as exc:
             _fail(exc)
     show(result, f"held-out calls of {traces}")
-    if result["overall"]["calls"] < 30:
-        console.print(f"only {result['overall']['calls']} held-out calls: these figures say little, and no tool earns trust "
-                      "on so few (record or import more runs)")
-    console.print(f"saved to {out} (report.json, report.png, trust.json); use it with --world-model {out}")
+    for note in result.get("notes", []):
+        console.print(f"[yellow]{safe(note)}[/]")
+    console.print(f"saved to {out} (report.json, trust.json, report.png); use it with --world-model {out}")
 
 
 @world_model_app.command("report")
@@ -85,15 +88,10 @@ def report_command(
     except EnvaceError as exc:
         _fail(exc)
     fitted = _fit_of(Path(adapter))
-    trained = set(fitted.get("trained_runs") or [])
-    if not trained and _same(fitted.get("traces"), traces):  # a fit.json from before it listed its training runs
-        trained = {c.episode for c in calls} - set(fitted.get("held_out_runs") or [])
-    unseen = [c for c in calls if c.episode not in trained]
+    unseen, what = unseen_calls(calls, fitted, traces)
     if not unseen:
-        _fail(ValueError(f"{traces}: every run here trained this world model ({Path(adapter) / FIT_FILE}); "
-                         "measure it on runs it never saw"))
-    what = (f"{len(unseen)} calls of runs it never trained on (left out: {len(calls) - len(unseen)} of runs it did)"
-            if len(unseen) < len(calls) else f"{len(calls)} calls")
+        _fail(ValueError(f"{traces}: every call here trained this world model ({Path(adapter) / FIT_FILE}); "
+                         "measure it on calls it never saw"))
     calls = unseen
     if out is None and (Path(adapter) / "trust.json").exists():
         _fail(ValueError(f"{adapter} already has a trust table (from its fit or an earlier report): pass --out DIR "
@@ -106,13 +104,55 @@ def report_command(
 
             with console.status("loading the world model …"):
                 policy = load_policy(model, adapter=adapter)
-            result = measure(policy, calls)
-            write_report(target, result, {"traces": str(traces), "adapter": str(adapter), "model": model or "embedded",
-                                          "calls": len(calls), "which": what})
+            console.print(room_for_trust(calls))
+            majority = fitted.get("training_majority") if isinstance(fitted.get("training_majority"), dict) else None
+            result = measure(policy, calls, majority=majority)
+            skipped = write_report(target, result, {"traces": str(traces), "adapter": str(adapter),
+                                                    "model": model or "embedded", "calls": len(calls), "which": what},
+                                   weights=adapter)
         except EnvaceError as exc:
             _fail(exc)
     show(result, f"{what}, {traces}")
-    console.print(f"wrote {target / 'report.json'}, {target / 'report.png'} and {target / 'trust.json'}")
+    if skipped:
+        console.print(f"[yellow]{skipped}[/]")
+    console.print(f"wrote {target / 'report.json'} and {target / 'trust.json'}" + ("" if skipped else f", {target / 'report.png'}"))
+
+
+def unseen_calls(calls: list[Any], fitted: dict[str, Any], traces: Path) -> tuple[list[Any], str]:
+    """The calls a world model may be measured on, and what they are in words: on the folder it was fitted
+    on, exactly the runs its fit held out (so fit and report measure the same calls); elsewhere every call
+    whose content (tool, arguments, reply, the calls before it) no training call had, whatever its run id."""
+    from envace_mcp.worldmodel.calls import call_digest
+
+    held = fitted.get("held_out_runs")
+    if _same(fitted.get("traces"), traces) and isinstance(held, list):
+        kept = [c for c in calls if c.episode in set(held)]
+        return kept, f"the {len(kept)} calls of the {len(held)} runs its fit held out"
+    trained = set(fitted.get("trained_calls") or [])
+    runs = set(fitted.get("trained_runs") or [])
+    kept = [c for c in calls if c.episode not in runs and call_digest(c) not in trained]
+    left = len(calls) - len(kept)
+    return kept, (f"{len(kept)} calls it never trained on (left out: {left} that match its training calls)"
+                  if left else f"{len(calls)} calls")
+
+
+def room_for_trust(held: list[Any]) -> str:
+    """Whether any tool has the held-out calls to earn trust, before anything is measured: a tool's
+    predicted failures need at least MIN_STOPS real failures to stop on, its predicted successes
+    MIN_SUCCESSES calls to stand in for approval."""
+    from envace_mcp.policy.trust import MIN_STOPS, MIN_SUCCESSES
+
+    calls: dict[str, list[int]] = {}
+    for call in held:
+        calls.setdefault(call.tool, [0, 0])[call.failed] += 1
+    may_stop = sorted(t for t, (_, failed) in calls.items() if failed >= MIN_STOPS)
+    may_vouch = sorted(t for t, (ok, _) in calls.items() if ok >= MIN_SUCCESSES)
+    if not may_stop and not may_vouch:
+        return (f"[yellow]no tool can earn trust on these {len(held)} held-out calls: believing a tool's predicted "
+                f"failures needs {MIN_STOPS}+ real failures of it held out, skipping its approval {MIN_SUCCESSES}+ "
+                "successes (record or import more runs, or hold out more)[/]")
+    return (f"[dim]tools with the held-out calls to earn trust: stopping on failures: {safe(', '.join(may_stop)) or 'none'}; "
+            f"vouching for successes: {safe(', '.join(may_vouch)) or 'none'}[/]")
 
 
 def _fit_of(adapter: Path) -> dict[str, Any]:
@@ -137,18 +177,36 @@ def _figure(value: Any, digits: int = 2) -> str:
 
 
 def show(result: dict[str, Any], title: str) -> None:
-    """The per-tool table: status accuracy, failures foreseen, fields by kind, nll/token and the trust earned."""
-    table = Table(title=safe(title))
-    for column in ("tool", "calls", "errors", "status", "fail prec", "fail rec", "echoed", "read", "computed",
-                   "nll/tok", "trusted to"):
+    """The per-tool table, each figure beside its floor (what the trivial predictor scores on the same
+    calls), the status with its 95 % interval, and the trust earned; then how well P(error) is calibrated."""
+    from envace_mcp.policy.trust import best_floor
+
+    table = Table(title=safe(title), caption="floors: status — always succeeds or the training majority, the "
+                                             "better; fields — copy the argument or latest value of that name")
+    for column in ("tool", "calls", "errors", "status (95 %)", "floor", "unreadable", "fail prec · rec",
+                   "echoed · floor", "read · floor", "computed · floor", "nll/tok", "trusted to"):
         table.add_column(column, justify="left" if column in ("tool", "trusted to") else "right")
     rows = [(name, figures, result["trust"].get(name, {})) for name, figures in result["tools"].items()]
     rows.append(("all tools", result["overall"], None))
     for name, f, trust in rows:
-        earned = ("–" if trust is None else ", ".join(k for k, label in (("stop", "stop"), ("skip_approval", "skip approval"))
-                                                       if trust.get(k)) or "nothing")
-        fields = f["field_accuracy"]
-        table.add_row(safe(name), str(f["calls"]), str(f["failures"]), _figure(f["status_accuracy"]),
-                      _figure(f["failure_precision"]), _figure(f["failure_recall"]), _figure(fields["echoed"]),
-                      _figure(fields["read"]), _figure(fields["computed"]), _figure(f["nll_per_token"], 3), earned)
+        earned = ("–" if trust is None else ", ".join(label for k, label in (
+            ("believe_failures", "stop on P(error) ≥ {:g}".format(trust.get("min_p_error") or 0)),
+            ("skip_approval", "skip approval")) if trust.get(k)) or "nothing")
+        floor = best_floor(f)
+        status = _figure(f["status_accuracy"])
+        if f.get("status_interval"):
+            status += " [{}, {}]".format(*(_figure(v) for v in f["status_interval"]))
+        if floor is not None and f["status_accuracy"] is not None and f["status_accuracy"] <= floor:
+            status += " ≤ floor"
+        unreadable = (f.get("unusable") or 0) + (f.get("unknown") or 0)
+        fields, floors = f["field_accuracy"], f.get("field_floor", {})
+        table.add_row(safe(name), str(f["calls"]), str(f["failures"]), status, _figure(floor), _figure(unreadable),
+                      f"{_figure(f['failure_precision'])} · {_figure(f['failure_recall'])}",
+                      *(f"{_figure(fields[k])} · {_figure(floors.get(k))}" for k in ("echoed", "read", "computed")),
+                      _figure(f["nll_per_token"], 3), earned)
     console.print(table)
+    calibration = result["overall"].get("calibration") or {}
+    if calibration.get("calls"):
+        console.print(f"P(error) on {calibration['calls']} calls: expected calibration error "
+                      f"{_figure(calibration['ece'], 3)}, Brier {_figure(calibration['brier'], 3)} "
+                      "(report.json: reliability bins and each tool's precision and recall by P(error) threshold)")

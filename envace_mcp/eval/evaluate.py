@@ -72,6 +72,9 @@ class EvalConfig(Settings):
     seed: int = 0
     constrain_calls: bool = False
     """Decode the act role's tool calls under the tools' schemas (`policy.constrained`)."""
+    unmeasured_world_model: bool = False
+    """Research: evaluate a `rehearse_adapter` that has no trust table (`load_policy(unmeasured=True)`);
+    its predictions are then acted on as the gate's settings say. Off, such an adapter is refused."""
     batch_invariant: bool = True
     """Greedy generations give the same tokens whatever shares their batch (`engine.invariant`), so the
     same command gives the same per-task results on one machine; it costs ~0.63x greedy decode
@@ -179,7 +182,7 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
     sampling = role_sampling(params, settings.rehearse_max_new_tokens)
-    policy = policy if policy is not None or settings.policy != "model" else _load(settings)
+    policy = policy if policy is not None or settings.policy != "model" else load_model_policy(settings)
     judge = getattr(suite, "judge_required", lambda task: False)
     wanted = {(task.id, repeat) for task in tasks for repeat in range(settings.repeats)}
     records = [r for key, r in done.items() if key in wanted]
@@ -231,11 +234,13 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
     return results
 
 
-def _load(settings: EvalConfig) -> Any:
+def load_model_policy(settings: EvalConfig) -> Any:
+    """The policy `settings` evaluate (`policy="model"`), loaded as every entry point loads one."""
     from envace_mcp.policy import load_policy
 
     return load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
-                       constrain_calls=settings.constrain_calls, batch_invariant=settings.batch_invariant)
+                       unmeasured=settings.unmeasured_world_model, constrain_calls=settings.constrain_calls,
+                       batch_invariant=settings.batch_invariant)
 
 
 def _shown(settings: EvalConfig) -> dict[str, Any]:

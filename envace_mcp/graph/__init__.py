@@ -14,7 +14,7 @@ from envace_mcp.graph.gate import (
 )
 from envace_mcp.graph.memory import render_memory
 from envace_mcp.graph.state import EnvaceContext, EnvaceState, RehearsalRecord
-from envace_mcp.graph.trust import ToolTrust, read_trust
+from envace_mcp.policy.trust import ToolTrust, read_trust
 
 __all__ = [
     "create_envace_graph",

@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from envace_mcp.config import Settings, build, parse_text
 from envace_mcp.errors import UserError
-from envace_mcp.graph.trust import ToolTrust, trust_of
+from envace_mcp.policy.trust import ToolTrust
 from envace_mcp.policy.types import Prediction, ToolCall
 from envace_mcp.toolbox import ToolSpec
 from envace_mcp.toolbox.asking import MAX_INPUT_ROUNDS
@@ -89,10 +89,10 @@ class GateConfig(Settings):
     were measured reliable (`ToolTrust.skip_approval`) and it predicts success: your choice to let a
     measured world model stand in for you; an adapter's table alone never skips a question."""
     trust: dict[str, ToolTrust] | None = None
-    """The world model's trust table, tool by tool (`envace_mcp.graph.trust`): with one, a tool it does not
-    name is untrusted, its predictions shown and never acted on alone. Filled from the policy's adapter
-    (`trust.json`, written by `envace world-model fit`) wherever a gate is resolved (`gate_for`); None: no
-    table, every prediction acted on as the settings above say."""
+    """The world model's trust table, tool by tool (`envace_mcp.policy.trust`), as re-checked when its
+    policy loaded: with one, a tool it does not cover is untrusted, its predictions shown and never acted
+    on alone. Filled from the policy (`policy.trust`, read once from its adapter's `trust.json`) wherever a
+    gate is resolved (`gate_for`); None: no table, every prediction acted on as the settings above say."""
 
     MOVED: ClassVar[dict[str, str]] = {
         key: f"it is a run limit (RunLimits; --limits {key}=N, ENVACE_LIMITS)"
@@ -219,9 +219,9 @@ def gate_for(policy: Any, gate: GateConfig | None = None) -> GateConfig:
     world model's trust table unless the gate already carries one. Every entry point resolves its gate here."""
     gate = gate if gate is not None else policy_gate(policy)
     if gate.trust is None:
-        table = trust_of(policy)
+        table = getattr(policy, "trust", None)  # read and re-checked once, when the policy loaded
         if table is not None:
-            gate = gate.model_copy(update={"trust": table})
+            gate = gate.model_copy(update={"trust": table.tools})
     return gate
 
 
@@ -374,18 +374,26 @@ def decide(
     if simulates(mode, spec.annotations.read_only):
         return Decision("simulate", f"{mode} mode: the rehearsal answers this call")
     earned = config.trust.get(call.name) if config.trust is not None else None
-    untrusted = config.trust is not None and (earned is None or not earned.stop)
+    if earned is not None and not earned.covers(spec):
+        earned = None  # measured on another server's tool of this name, or on another schema
     predicted = prediction is not None and prediction.status == "tool_error"
-    confidence = prediction.confidence if prediction is not None else None
-    failing = predicted and (confidence is None or confidence >= config.min_failure_confidence) and not untrusted
-    sure = f" (confidence {confidence:.2f})" if confidence is not None else ""
     unusable = prediction is not None and prediction.status == "invalid"
+    confidence = prediction.confidence if prediction is not None else None
+    p_error = prediction.p_error if prediction is not None else None
+    believed = config.trust is None or (earned is not None and earned.believe_failures and (
+        earned.min_p_error is None or p_error is None or p_error >= earned.min_p_error))
+    closed = config.trust is None or (earned is not None and earned.fail_closed)
+    failing = predicted and (confidence is None or confidence >= config.min_failure_confidence) and believed
+    sure = (f" (P(error) {p_error:.2f})" if p_error is not None else
+            f" (confidence {confidence:.2f})" if confidence is not None else "")
     shown = ""  # a prediction the trust table says not to act on: said, not acted on
-    if untrusted and (predicted or unusable):
-        measured = "was not measured on" if earned is None else "was not measured reliable on"
+    if (predicted and not believed) or (unusable and not closed):
+        measured = ("was not measured on" if earned is None else
+                    f"is believed only at P(error) ≥ {earned.min_p_error:g} on" if earned.believe_failures
+                    else "was not measured reliable on")
         shown = (f"; the world model {measured} '{spec.name}' (trust table), so its prediction "
-                 f"({prediction.code}) is shown, not acted on")
-        unusable = False
+                 f"({prediction.code}{sure}) is shown, not acted on")
+        unusable = unusable and closed
     seen = objection(call, spec, evidence, config) if evidence is not None and spec.annotations.destructive else None
     if seen:
         if config.approve_blocked:

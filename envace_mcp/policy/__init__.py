@@ -43,14 +43,21 @@ __all__ = [
 
 
 def load_policy(model: str | None = None, *, adapter: str | None = None, rehearse_adapter: str | None = None,
-                **kwargs):  # noqa: ANN201
+                unmeasured: bool = False, **kwargs):  # noqa: ANN201
     # keyword arguments go to TransformersPolicy (dtype, max_batch_size, role_sampling, seed, …)
     """A `TransformersPolicy` for a Hugging Face id or local folder; `None` is the embedded default.
     `"vllm:http://host:port/v1"`: a `VLLMPolicy` on that server (`adapter` is then hot-loaded into it).
     `rehearse_adapter`: the rehearse role runs the same model with this adapter instead (`RolePolicies`:
-    a world model trained apart from the agent; on transformers a second copy of the weights)."""
+    a world model trained apart from the agent; on transformers a second copy of the weights). It must hold
+    the trust table its report wrote (`policy.trust`), as in every entry point: a world model nobody measured
+    is not one a gate should read; `unmeasured=True` is the explicit opt-in, for research on such models.
+    Each adapter's trust table is read once, here, and carried by the policy (`policy.trust`)."""
     if rehearse_adapter is not None:
         from envace_mcp.policy.roles import RolePolicies
+        from envace_mcp.policy.trust import require_report
+
+        if not unmeasured:
+            require_report(rehearse_adapter)
 
         act = load_policy(model, adapter=adapter, **kwargs)
         kwargs.pop("constrain_calls", None)  # constrained decoding shapes tool calls, which rehearsals do not write

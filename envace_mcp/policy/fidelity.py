@@ -82,13 +82,33 @@ def field_split(predicted: Any, real: Any, arguments: Any, earlier: Iterable[Any
     - `new`: neither: the environment computed or made it (new balances, a changed status, a fresh id).
 
     `predicted=None` (an invalid rehearsal, or an error predicted for a success) gets none right."""
+    return _split(leaves(predicted) if predicted is not None else {}, real, arguments, earlier)
+
+
+def copy_split(real: Any, arguments: Any, earlier: Iterable[Any] = ()) -> dict[str, int]:
+    """`field_split` of the trivial predictor, the floor of every field figure: each field of the real
+    reply guessed as the call's argument of the same name, else as the latest earlier observation's field
+    of that name (no guess where neither has one)."""
+    named = {_key(p): v for p, v in leaves(arguments).items()} if isinstance(arguments, (dict, list)) else {}
+    latest: dict[str, Any] = {}
+    for value in earlier:  # in the run's order: the latest wins
+        for path, leaf in leaves(_parsed(value)).items():
+            latest[_key(path)] = leaf
+    guess = {}
+    for path in leaves(_parsed(real)):
+        key = _key(path)
+        if key in named or key in latest:
+            guess[path] = named[key] if key in named else latest[key]
+    return _split(guess, real, arguments, earlier)
+
+
+def _split(guess: dict[str, Any], real: Any, arguments: Any, earlier: Iterable[Any]) -> dict[str, int]:
     given = [v for v in (leaves(arguments).values() if isinstance(arguments, (dict, list)) else [arguments])
              if not isinstance(v, (dict, list))]
     shown: dict[str, list[Any]] = {}
     for value in earlier:
         for path, leaf in leaves(_parsed(value)).items():
             shown.setdefault(_key(path), []).append(leaf)
-    guess = leaves(predicted) if predicted is not None else {}
     out = {"echoed": 0, "echoed_ok": 0, "seen": 0, "seen_ok": 0, "new": 0, "new_ok": 0}
     for path, value in leaves(_parsed(real)).items():
         kind = ("echoed" if any(_same(value, g) for g in given)

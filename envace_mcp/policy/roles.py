@@ -55,6 +55,11 @@ class RolePolicies:
         return getattr(self.rehearse_policy, "adapter_folder", None)
 
     @property
+    def trust(self) -> Any:
+        """The world model's trust table (`policy.trust.TrustTable`), read when its adapter loaded."""
+        return getattr(self.rehearse_policy, "trust", None)
+
+    @property
     def rehearse_format(self) -> str | None:
         return getattr(self.rehearse_policy, "rehearse_format", None)
 
@@ -79,7 +84,7 @@ def with_world_model(policy: Any, world_model: Any) -> RolePolicies:
     if not isinstance(world_model, (str, Path)):
         return RolePolicies(policy, world_model)
     from envace_mcp.errors import UserError
-    from envace_mcp.graph.trust import require_report
+    from envace_mcp.policy.trust import require_report
 
     folder = Path(world_model)
     if not (folder / "adapter_config.json").is_file():

@@ -27,6 +27,7 @@ from envace_mcp.policy.constrained import CallConstraint, TokenText
 from envace_mcp.policy.prompts import ChatMessage
 from envace_mcp.policy.reply import ReplyConstraint
 from envace_mcp.policy.token_backend import TokenPolicy
+from envace_mcp.policy.trust import TrustTable, read_trust
 from envace_mcp.policy.tool_text import ToolFormat, adapter_formats
 from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
 
@@ -88,6 +89,8 @@ class TransformersPolicy(TokenPolicy):
         self._token_text: TokenText | None = None
         self.adapter_folder: str | Path | None = None
         """The LoRA adapter folder the weights were loaded with: its envace.json recommends a gate."""
+        self.trust: TrustTable | None = None
+        """Its world model's trust table (`policy.trust`), read and re-checked once, when the adapter loaded."""
         self.model_source: str | None = None
         """What `from_pretrained` loaded ("embedded", a Hugging Face id or folder): where a second adapter
         (a world model, `roles.with_world_model`) is loaded again."""
@@ -121,6 +124,7 @@ class TransformersPolicy(TokenPolicy):
             kwargs.setdefault(key, value)
         policy = cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
         policy.adapter_folder = adapter
+        policy.trust = read_trust(adapter)
         policy.model_source = source
         return policy
 

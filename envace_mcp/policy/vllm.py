@@ -31,6 +31,7 @@ from envace_mcp._redact import redact
 from envace_mcp.policy._server import ServerClient
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.tool_text import adapter_formats
+from envace_mcp.policy.trust import read_trust
 from envace_mcp.policy.types import RawCompletion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ class VLLMPolicy(TokenPolicy):
         for key, value in (adapter_formats(folder) if formats else {}).items():
             setattr(self, key, value)
         self.adapter_folder = folder
+        self.trust = read_trust(folder)  # a new adapter's own table (or none): never the last one's
         return name
 
     def _pause(self) -> bool:

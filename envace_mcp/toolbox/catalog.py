@@ -170,8 +170,16 @@ class ToolSpec:
     def same_tool(self, other: ToolSpec) -> bool:
         """Whether `other` is this tool as far as running it goes: same server, same remote tool, same
         annotations and schemas (the catalog name and the description may differ)."""
-        return (self.server, self.remote_name, self.annotations, self.input_schema, self.output_schema) == (
-            other.server, other.remote_name, other.annotations, other.input_schema, other.output_schema)
+        return self.behaviour == other.behaviour
+
+    @functools.cached_property
+    def behaviour(self) -> str:
+        """What running this tool depends on, as a digest: server, remote tool, annotations and schemas
+        (`same_tool`). A world model's trust is bound to it (`policy.trust.ToolTrust.covers`): a changed
+        schema, or another server's tool of the same name, is a tool it was not measured on."""
+        text = json.dumps([self.server, self.remote_name, self.annotations.as_dict(), self.input_schema,
+                           self.output_schema], sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def summary(self) -> str:
         """`server 'bank''s 'transfer' (destructive)`: what a message about this tool names."""

@@ -11,6 +11,8 @@ answer either, and are left out.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -115,6 +117,16 @@ def observed_calls(traces: Iterable[Trace], catalog: Mapping[str, ToolSpec] | No
             earlier.append(observed.value)
             index += 1
     return out, unknown
+
+
+def call_digest(call: Observed) -> str:
+    """What a call was, whatever run it came in: its tool, arguments and reply, and the calls before it
+    with theirs. A log imported twice gets new run ids; its calls keep their digests, so a report can
+    leave out the calls a world model trained on."""
+    earlier = [[e.tool, e.arguments, e.result] for e in call.request.examples]
+    text = json.dumps([call.tool, call.request.call.arguments, call.result, earlier], sort_keys=True,
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def split_episodes(calls: list[Observed], holdout: float, seed: int) -> tuple[list[str], list[str]]:

@@ -2,7 +2,7 @@
 
     fit(traces, out)                     -> the report: a LoRA world model in `out`, measured on held-out runs
     measure(policy, calls)               -> the report of any world model on any calls
-    write_report(out, report, measured)  -> report.json, report.png and the trust table (trust.json)
+    write_report(out, report, measured)  -> report.json, the trust table (trust.json), then report.png
 
 The split is by run, seeded and stated (`fit.json`): a run's calls, and any replayed with a changed
 argument (`envace traces import --mutate`), are all on one side. Only the rehearse role trains (SFT
@@ -13,14 +13,20 @@ an agent (`--world-model DIR`, `RehearsalMiddleware(world_model=DIR)`, `load_pol
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
-from envace_mcp.worldmodel.calls import Observed, first_calls, observed_calls, split_episodes
-from envace_mcp.worldmodel.measure import bars, finite, report, score_calls
+from envace_mcp.worldmodel.calls import Observed, call_digest, first_calls, observed_calls, split_episodes
+from envace_mcp.worldmodel.measure import finite, majority_of, report, score_calls
 
+FAILURE_SHARE = 0.25
+"""Refused and erroring calls are what the gate needs foreseen, and a log holds few (inventory: 15 %): in
+the fit their rows are repeated until they are at least this share of the rows…"""
+FAILURE_COPIES = 4
+"""…each at most this many times (more would teach the failing calls by heart)."""
 FIT_FILE = "fit.json"
 REPORT_FILE = "report.json"
 PLOT_FILE = "report.png"
@@ -54,7 +60,19 @@ def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | Non
                         "runs with real calls, and holdout between 0 and 1")
     return train, held, {"seed": seed, "holdout": holdout, "runs": len(train_runs) + len(held_runs),
                          "held_out_runs": sorted(held_runs), "trained_runs": sorted({c.episode for c in train}),
-                         "training_calls": len(train), "held_out_calls": len(held)}
+                         "training_calls": len(train), "held_out_calls": len(held), "max_calls": max_calls,
+                         "trained_calls": sorted({call_digest(c) for c in train}),
+                         "training_majority": majority_of(train)}
+
+
+def failure_copies(calls: list[Observed]) -> int:
+    """How many rows each failing training call gets (`FAILURE_SHARE`, `FAILURE_COPIES`)."""
+    failed = sum(c.failed for c in calls)
+    if not failed or failed == len(calls):
+        return 1
+    ok = len(calls) - failed
+    wanted = FAILURE_SHARE * ok / ((1 - FAILURE_SHARE) * failed)  # copies c with c*failed / (c*failed + ok) = share
+    return max(1, min(FAILURE_COPIES, math.ceil(wanted)))
 
 
 def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
@@ -65,19 +83,23 @@ def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
 
     encode, end = target_encoding(policy.tokenizer)
     rows, too_long = [], 0
+    copies = failure_copies(calls)
     for call in calls:
         prompt, close = policy.rehearse_prompt(call.request)
         target = encode(reply_target(call.result, policy.rehearse_format, close)) + [end]
         if policy.context_window is not None and len(prompt) + len(target) > policy.context_window:
             too_long += 1
             continue
-        rows.append(Segment(run_id=call.episode, task_id=None, group_id=call.episode, role="rehearse",
-                            prompt_ids=prompt, completion_ids=target, old_logprobs=None, reward=None))
+        row = Segment(run_id=call.episode, task_id=None, group_id=call.episode, role="rehearse",
+                      prompt_ids=prompt, completion_ids=target, old_logprobs=None, reward=None)
+        rows += [row] * (copies if call.failed else 1)
     return rows, too_long
 
 
-def measure(policy: Any, calls: list[Observed], *, label: str = "world model") -> dict[str, Any]:
-    """Rehearse every call greedily (as runs do) and score it: the report (`measure.report`)."""
+def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
+            majority: dict[str, bool] | None = None) -> dict[str, Any]:
+    """Rehearse every call greedily (as runs do) and score it: the report (`measure.report`), each figure
+    beside its floors (`majority`: each tool's majority status in the training calls, where known)."""
     import anyio
 
     from envace_mcp._progress import Progress
@@ -86,7 +108,7 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model") -
     sampling = run_sampling()["rehearse"]
     with Progress(f"measure {label}", total=len(calls)) as progress:
         scored = anyio.run(score_calls, policy, calls, sampling, progress.advance)
-    return report(scored)
+    return report(scored, majority)
 
 
 def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapter: str | Path | None = None,
@@ -125,50 +147,66 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
         lm = train_sft(lm, rows, tokenizer.pad_token_id or 0, settings, out=out, on_step=step)
     write_adapter_format(out, formats["tool_format"], formats["rehearse_format"])
     tokenizer.save_pretrained(out)
-    fitted = TransformersPolicy(lm, tokenizer, name=f"world model {out}", **formats)
-    result = measure(fitted, held, label="held-out calls")
     measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
-                "skipped_too_long": too_long, "unknown_tools": unknown,
+                "skipped_too_long": too_long, "unknown_tools": unknown, "failure_copies": failure_copies(train),
                 "training": settings.model_dump(mode="json", exclude={"performance", "model", "adapter"})}
-    (out / FIT_FILE).write_text(json.dumps(measured, indent=1, ensure_ascii=False) + "\n")
-    write_report(out, result, measured)
-    return result
+    (out / FIT_FILE).write_text(json.dumps(measured, indent=1, ensure_ascii=False) + "\n")  # before measuring: a report needs it
+    fitted = TransformersPolicy(lm, tokenizer, name=f"world model {out}", **formats)
+    result = measure(fitted, held, label="held-out calls", majority=how["training_majority"])
+    skipped = write_report(out, result, {k: v for k, v in measured.items() if k not in ("trained_calls", "training_majority")},
+                           weights=out)
+    return {**result, "notes": [skipped] if skipped else []}
 
 
-def write_report(out: str | Path, result: dict[str, Any], measured_on: dict[str, Any], *, trust: bool = True) -> None:
-    """report.json, report.png and (with `trust`) the trust table, into `out`."""
-    from envace_mcp.graph.trust import write_trust
+def write_report(out: str | Path, result: dict[str, Any], measured_on: dict[str, Any], *,
+                 weights: str | Path | None) -> str | None:
+    """report.json and the trust table (bound to the adapter weights in the folder `weights`; None: to
+    none, so it earns nothing when read), then report.png; returns why the plot was skipped, if it was
+    (it needs matplotlib, which the base install leaves out: the figures never wait on it)."""
+    from envace_mcp.policy.trust import weights_digest, write_trust
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).write_text(json.dumps(finite({**result, "measured_on": measured_on}), indent=1,
                                               ensure_ascii=False) + "\n")
-    plot(result, out / PLOT_FILE)
-    if trust:
-        write_trust(out, finite(result["trust"]), {**{k: v for k, v in measured_on.items() if k != "training"},
-                                                    "bars": bars()})
+    write_trust(out, finite(result["trust"]), {k: v for k, v in measured_on.items() if k != "training"},
+                weights_digest(weights) if weights is not None else None)
+    try:
+        plot(result, out / PLOT_FILE)
+    except ImportError:
+        return f"{PLOT_FILE} skipped: it needs matplotlib (pip install matplotlib)"
+    return None
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Per tool: status accuracy, failure precision and recall, field accuracy on echoed and read fields."""
+    """Per tool: status accuracy, failure precision and recall, field accuracy by kind; a black tick on
+    each status and field bar marks its floor (what the trivial predictor scores on the same calls)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tools = list(result["tools"])
-    series = [("status accuracy", lambda f: f["status_accuracy"]),
-              ("failure precision", lambda f: f["failure_precision"]),
-              ("failure recall", lambda f: f["failure_recall"]),
-              ("fields echoed", lambda f: f["field_accuracy"]["echoed"]),
-              ("fields read", lambda f: f["field_accuracy"]["read"]),
-              ("fields computed", lambda f: f["field_accuracy"]["computed"])]
+    def best(floors: dict[str, Any]) -> float | None:
+        known = [v for v in floors.values() if v is not None]
+        return max(known) if known else None
+
+    series = [("status accuracy", lambda f: f["status_accuracy"], lambda f: best(f["floors"])),
+              ("failure precision", lambda f: f["failure_precision"], None),
+              ("failure recall", lambda f: f["failure_recall"], None),
+              *[(f"fields {kind}", lambda f, k=kind: f["field_accuracy"][k], lambda f, k=kind: f["field_floor"][k])
+                for kind in ("echoed", "read", "computed")]]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(tools) + 2), 4.2))
     width = 0.8 / len(series)
-    for i, (name, get) in enumerate(series):
+    for i, (name, get, floor) in enumerate(series):
         values = [get(result["tools"][t]) for t in tools]
         xs = [j + i * width for j in range(len(tools))]
         ax.bar(xs, [v if v is not None else 0 for v in values], width, label=name)
+        if floor is not None:
+            floors = [(x, floor(result["tools"][t])) for x, t in zip(xs, tools)]
+            ax.hlines([f for _, f in floors if f is not None], [x - width / 2 for x, f in floors if f is not None],
+                      [x + width / 2 for x, f in floors if f is not None], colors="black", linewidth=1.5,
+                      label="floor (trivial predictor)" if i == 0 else None)
         for x, v in zip(xs, values):
             if v is None or v == 0:  # nothing to measure, or measured and none right: both said, not left blank
                 ax.text(x, 0.01, "n/a" if v is None else "0", rotation=90, fontsize=7, ha="center", va="bottom")
@@ -179,7 +217,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("on held-out calls")
     overall = result["overall"]
     nll = overall["nll_per_token"]
-    ax.set_title(f"world model, {overall['calls']} calls: status {overall['status_accuracy'] or 0:.2f}, "
+    floor = best(overall["floors"])
+    ax.set_title(f"world model, {overall['calls']} calls: status {overall['status_accuracy'] or 0:.2f} "
+                 f"(floor {floor if floor is not None else float('nan'):.2f}), "
                  f"nll/token {nll if nll is not None else float('nan'):.3f}", fontsize=10)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     fig.tight_layout()

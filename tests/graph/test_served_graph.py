@@ -10,7 +10,9 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from envace_mcp.envs import get_suite
+from envace_mcp.errors import UserError
 from envace_mcp.graph.served import close_shared
+from envace_mcp.policy.trust import weights_digest, write_trust
 from envace_mcp.testing import ScriptedPolicy
 from helpers import PROBE, children_of, wait_until
 
@@ -104,8 +106,11 @@ def test_a_served_context_starts_from_the_gate_its_adapter_recommends_and_its_ow
         get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir), LoraConfig(r=2, target_modules=["q_proj"])
                        ).save_pretrained(world)
         (world / "envace.json").write_text(json.dumps({"gate": {"min_failure_confidence": 0.6}}))
+        with pytest.raises(UserError, match="has no report"):  # a deployment reads only a measured world model
+            ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), rehearse_adapter=str(world)).load()
+        write_trust(world, {}, {}, weights_digest(world))  # measured on nothing: it earns nothing, and says so
         served = ServedContext(model=str(tiny_qwen3_dir), adapter=str(adapter), rehearse_adapter=str(world)).load()
-        assert served.gate == GateConfig(min_failure_confidence=0.6)
+        assert served.gate == GateConfig(min_failure_confidence=0.6, trust={})  # its table: nothing earned
         assert served.policy.name == f"{tiny_qwen3_dir} + rehearse adapter {world}"
     finally:
         close_shared()

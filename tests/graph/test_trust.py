@@ -9,6 +9,7 @@ from envace_mcp.graph import EnvaceContext, GateConfig, ToolTrust, gate_for, rea
 from envace_mcp.graph.gate import decide
 from envace_mcp.graph.served import loosened
 from envace_mcp.policy import Prediction, ToolCall
+from envace_mcp.policy.trust import weights_digest
 from envace_mcp.toolbox import ToolAnnotations, ToolSpec
 
 DELETE = ToolSpec.create(remote_name="delete_todo", server="todo", description="", input_schema={"type": "object"},
@@ -28,7 +29,7 @@ def gate(trust, **settings):
 def test_a_tool_the_table_does_not_name_is_shown_not_acted_on():
     """The new user's to-do server under the shipped world model: before, every garbled rehearsal of
     `delete_todo` blocked it (failing closed) and every predicted failure stopped it."""
-    measured_elsewhere = {"transfer_funds": ToolTrust(stop=True)}
+    measured_elsewhere = {"transfer_funds": ToolTrust(believe_failures=True, fail_closed=True)}
     for prediction in (FAILS, GARBLED):
         decision = decide(CALL, DELETE, prediction, mode="real", config=gate(measured_elsewhere, on_unusable="block"))
         assert decision.action == "execute"
@@ -41,42 +42,102 @@ def test_a_tool_the_table_does_not_name_is_shown_not_acted_on():
 
 
 def test_a_tool_measured_reliable_is_stopped_by_its_predicted_failure_and_an_unreliable_one_is_not():
-    trusted = decide(CALL, DELETE, FAILS, mode="real", config=gate({"delete_todo": ToolTrust(stop=True)}))
+    trusted = decide(CALL, DELETE, FAILS, mode="real", config=gate({"delete_todo": ToolTrust(believe_failures=True)}))
     assert trusted.action == "block"
-    unreliable = decide(CALL, DELETE, FAILS, mode="real", config=gate({"delete_todo": ToolTrust(stop=False)}))
+    unreliable = decide(CALL, DELETE, FAILS, mode="real", config=gate({"delete_todo": ToolTrust(fail_closed=True)}))
     assert unreliable.action == "execute" and "not measured reliable" in unreliable.reason
     feedback = decide(ToolCall(id="2", name="add_note"), NOTE, FAILS.model_copy(update={"tool": "add_note"}),
-                      mode="real", config=gate({"add_note": ToolTrust(stop=True)}))
+                      mode="real", config=gate({"add_note": ToolTrust(believe_failures=True)}))
     assert feedback.action == "feedback"
 
 
 def test_a_predicted_success_skips_approval_only_where_the_caller_asks_for_measured_approval():
-    table = {"delete_todo": ToolTrust(stop=True, skip_approval=True)}
+    table = {"delete_todo": ToolTrust(believe_failures=True, fail_closed=True, skip_approval=True)}
     assert decide(CALL, DELETE, FINE, mode="real", config=gate(table, require_approval="destructive")).action == "ask"
     measured = decide(CALL, DELETE, FINE, mode="real", config=gate(table, require_approval="measured"))
     assert measured.action == "execute" and "measured reliable" in measured.reason
     for prediction in (FAILS, GARBLED, None):  # nothing vouched for: asked (or blocked)
         assert decide(CALL, DELETE, prediction, mode="real",
                       config=gate(table, require_approval="measured")).action in ("ask", "block")
-    unearned = {"delete_todo": ToolTrust(stop=True)}
+    unearned = {"delete_todo": ToolTrust(believe_failures=True)}
     assert decide(CALL, DELETE, FINE, mode="real", config=gate(unearned, require_approval="measured")).action == "ask"
 
 
 class _Policy:
+    """A policy as `load_policy` leaves one: its adapter folder and the trust table read from it, once."""
+
     def __init__(self, folder):
         self.adapter_folder = folder
+        self.trust = read_trust(folder)
 
 
-def test_gates_take_the_world_models_table_from_its_folder_wherever_they_are_resolved(tmp_path):
-    (tmp_path / "trust.json").write_text(json.dumps({"tools": {"delete_todo": {"stop": True, "calls": 40}},
-                                                      "measured_on": {}}))
-    assert read_trust(tmp_path) == {"delete_todo": ToolTrust(stop=True)}
+EARNED = {"calls": 40, "failures": 8, "status_accuracy": 0.95, "floors": {"always_succeeds": 0.8, "majority": 0.8},
+          "predicted_successes": 31, "success_precision": 1.0,
+          "stop_curve": [{"p_error": 0.5, "stopped": 9, "precision": 0.78}, {"p_error": 0.6, "stopped": 7, "precision": 0.86}]}
+
+
+def _table(folder, tools, weights="match"):
+    (folder / "adapter_model.safetensors").write_bytes(b"the weights measured")
+    bound = weights_digest(folder) if weights == "match" else weights
+    (folder / "trust.json").write_text(json.dumps({"tools": tools, "weights": bound, "measured_on": {}}))
+
+
+def test_gates_take_the_world_models_table_from_the_policy_wherever_they_are_resolved(tmp_path):
+    _table(tmp_path, {"delete_todo": {"believe_failures": True, "fail_closed": True, **EARNED}})
+    expected = {"delete_todo": ToolTrust(believe_failures=True, min_p_error=0.6, fail_closed=True)}
+    assert read_trust(tmp_path).tools == expected and not read_trust(tmp_path).notes
     policy = _Policy(tmp_path)
-    assert gate_for(policy).trust == {"delete_todo": ToolTrust(stop=True)}
+    assert gate_for(policy).trust == expected
     given = gate_for(policy, GateConfig(require_approval="never"))  # a gate of the caller's own keeps the table
-    assert given.trust == {"delete_todo": ToolTrust(stop=True)} and given.require_approval == "never"
-    assert EnvaceContext(policy=policy).gate.trust == {"delete_todo": ToolTrust(stop=True)}
+    assert given.trust == expected and given.require_approval == "never"
+    assert EnvaceContext(policy=policy).gate.trust == expected
     assert gate_for(_Policy(None)).trust is None
+
+
+def test_a_believed_failure_stops_only_at_the_p_error_its_tool_earned():
+    table = {"delete_todo": ToolTrust(believe_failures=True, min_p_error=0.6)}
+    sure = FAILS.model_copy(update={"p_error": 0.9})
+    unsure = FAILS.model_copy(update={"p_error": 0.55})
+    assert decide(CALL, DELETE, sure, mode="real", config=gate(table)).action == "block"
+    shown = decide(CALL, DELETE, unsure, mode="real", config=gate(table))
+    assert shown.action == "execute" and "believed only at P(error) ≥ 0.6" in shown.reason
+
+
+def test_a_hostile_table_loosens_nothing_and_each_refusal_is_one_line_naming_the_file(tmp_path):
+    """From outside: a trust.json that claims skip_approval with no figures (or figures that contradict it)
+    let a destructive call run unasked under require_approval=measured; an empty table switched off every
+    stop silently; a table written for other weights was believed."""
+    _table(tmp_path, {"delete_todo": {"skip_approval": True},
+                      "add_note": {"believe_failures": True, "skip_approval": True, **EARNED, "status_accuracy": 0.7}})
+    table = read_trust(tmp_path)
+    assert table.tools["delete_todo"] == ToolTrust() and not table.tools["add_note"].believe_failures
+    assert len(table.notes) == 2 and all(str(tmp_path / "trust.json") in note and "not believed" in note
+                                         for note in table.notes)
+    assert "does not beat its floor" in table.notes[1]
+    measured = gate(table.tools, require_approval="measured")
+    assert decide(CALL, DELETE, FINE, mode="real", config=measured).action == "ask"
+    _table(tmp_path, {})
+    empty = read_trust(tmp_path)
+    assert empty.tools == {} and "names no tool" in empty.notes[0]
+    for weights in ("0" * 32, None):  # other weights, or none at all: nothing it claims is believed
+        _table(tmp_path, {"delete_todo": {"believe_failures": True, "skip_approval": True, **EARNED}}, weights)
+        table = read_trust(tmp_path)
+        assert not table.tools["delete_todo"].believe_failures and not table.tools["delete_todo"].skip_approval
+        assert "other weights" in table.notes[0] if weights else "bound to no weights" in table.notes[0]
+
+
+def test_an_entry_covers_only_the_tool_it_measured():
+    """Keyed by name alone, another server's `delete_todo` inherited this one's trust."""
+    table = {"delete_todo": ToolTrust(believe_failures=True, server="todo", behaviour=DELETE.behaviour)}
+    assert decide(CALL, DELETE, FAILS, mode="real", config=gate(table)).action == "block"
+    other = ToolSpec.create(remote_name="delete_todo", server="crm", description="", input_schema={"type": "object"},
+                            output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+    changed = ToolSpec.create(remote_name="delete_todo", server="todo", description="",
+                              input_schema={"type": "object", "properties": {"all": {"type": "boolean"}}},
+                              output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+    for spec in (other, changed):
+        decision = decide(CALL, spec, FAILS, mode="real", config=gate(table))
+        assert decision.action == "execute" and "was not measured on" in decision.reason
 
 
 @pytest.mark.parametrize("text", ["{torn", '{"tools": []}', '{"tools": {"x": {"stop": "perhaps"}}}'])
@@ -87,22 +148,22 @@ def test_a_torn_trust_table_is_one_error_naming_it(tmp_path, text):
 
 
 def test_a_served_caller_cannot_replace_the_deployments_trust_table():
-    deployed = GateConfig(trust={"delete_todo": ToolTrust(stop=True)})
+    deployed = GateConfig(trust={"delete_todo": ToolTrust(believe_failures=True)})
     assert "trust table" in loosened(deployed, {"trust": {"delete_todo": {"stop": True, "skip_approval": True}}})
     assert "fewer calls" in loosened(GateConfig(), {"require_approval": "measured"})
 
 
-def test_the_shipped_world_model_is_trusted_on_the_bundled_tools_and_nowhere_else():
-    """Its gate was measured on bank and retail (docs/evidence.md): a user's own delete is asked about with
-    the prediction shown, no longer blocked because its rehearsal could not be read."""
+def test_the_shipped_world_model_fails_closed_on_the_bundled_tools_it_was_measured_on_and_nowhere_else(bank_catalog):
+    """Its table is a report's (docs/evidence.md), bound to its weights and to the bundled tools: a user's
+    own delete is asked about with the prediction shown; the real bank `transfer` fails closed."""
     from envace_mcp.policy.embedded import embedded_adapter
 
-    shipped = gate_for(_Policy(embedded_adapter()), GateConfig(require_approval="never", on_unusable="block"))
-    assert shipped.trust["transfer"].stop and shipped.trust["return_items"].stop
-    assert not any(t.skip_approval for t in shipped.trust.values())
+    policy = _Policy(embedded_adapter())
+    assert policy.trust.notes == []  # a generated table: every flag earned by its own figures
+    shipped = gate_for(policy, GateConfig(require_approval="never", on_unusable="block"))
+    assert shipped.trust["transfer"].fail_closed and not any(t.skip_approval for t in shipped.trust.values())
     assert decide(CALL, DELETE, GARBLED, mode="real", config=shipped).action == "execute"
-    transfer = ToolSpec.create(remote_name="transfer", server="bank", description="", input_schema={"type": "object"},
-                               output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+    transfer = next(s for s in bank_catalog if s.name == "transfer")
     assert decide(ToolCall(id="2", name="transfer", arguments={}), transfer, GARBLED, mode="real",
                   config=shipped).action == "block"
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
+from envace_mcp.errors import UserError
 from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
 from envace_mcp.policy.prompts import render_act
 from envace_mcp.policy.transformers import TransformersPolicy
@@ -200,7 +201,10 @@ async def test_a_second_adapter_runs_the_rehearse_role_and_the_first_the_act_rol
 
     random_lora(tiny_qwen3_dir, tmp_path / "agent", 0, ("compact", "inline"))
     random_lora(tiny_qwen3_dir, tmp_path / "world", 1, ("json", "simulator"))
-    both = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"), rehearse_adapter=str(tmp_path / "world"))
+    with pytest.raises(UserError, match="has no report"):  # one rule in every entry point: a world model must be measured
+        load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"), rehearse_adapter=str(tmp_path / "world"))
+    both = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"), rehearse_adapter=str(tmp_path / "world"),
+                       unmeasured=True)  # research: the explicit opt-in
     agent = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "agent"))
     world = load_policy(str(tiny_qwen3_dir), adapter=str(tmp_path / "world"))
     assert isinstance(both, RolePolicies) and (both.tool_format, both.rehearse_format) == ("compact", "simulator")

@@ -290,7 +290,7 @@ async def test_an_agent_and_a_world_model_share_one_server_each_under_its_own_ad
     agent = random_lora(embedded_model_dir(), tmp_path / "agent" / "adapter", 0)
     world = random_lora(embedded_model_dir(), tmp_path / "world" / "adapter", 1)
     url = f"vllm:{vllm_server[1]}"
-    both = load_policy(url, adapter=str(agent), rehearse_adapter=str(world))
+    both = load_policy(url, adapter=str(agent), rehearse_adapter=str(world), unmeasured=True)
     alone = {"agent": load_policy(url, adapter=str(agent)), "world": load_policy(url, adapter=str(world))}
     assert isinstance(both, RolePolicies) and both.act_policy.model != both.rehearse_policy.model
     greedy = SamplingParams(max_new_tokens=12, temperature=0)

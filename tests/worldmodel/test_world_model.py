@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from envace_mcp.envs import get_suite
-from envace_mcp.graph.trust import read_trust
+from envace_mcp.policy.trust import read_trust
 from envace_mcp.lab.suite_calls import record_suite_calls
 from envace_mcp.traces import Step, Trace, TraceStore
 from envace_mcp.worldmodel import observed_calls, split_episodes
@@ -97,13 +97,19 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
         assert set(figures["field_accuracy"]) == {"echoed", "read", "computed"} and figures["nll_per_token"] > 0
     assert (out / "report.png").stat().st_size > 10_000 and (out / "adapter_config.json").exists()
     table = read_trust(out)
-    assert set(table) == set(report["tools"])  # every measured tool has an entry; the tiny model earns nothing
-    assert not any(t.stop or t.skip_approval for t in table.values())
+    assert set(table.tools) == set(report["tools"]) and not table.notes  # every measured tool; its figures are its own
+    assert not any(t.believe_failures or t.skip_approval for t in table.tools.values())  # the tiny model earns nothing
+    assert all(t.fail_closed and t.server == "bank" and t.behaviour for t in table.tools.values())
+    for figures in [*report["tools"].values(), report["overall"]]:  # every figure beside its floor
+        floors = figures["floors"]
+        assert floors["always_succeeds"] == (figures["calls"] - figures["failures"]) / figures["calls"]
+        assert floors["majority"] is not None and set(figures["field_floor"]) == {"echoed", "read", "computed"}
+        assert figures["unusable"] == 0.0  # decoded status first: readable, or UNKNOWN at the budget
     # The real replies were learned: held-out nll well below the untrained model's on the same calls
     again = envace("world-model", "report", "--adapter", str(out), "--traces", str(bank_calls),
                    "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "calls of runs it never trained on (left out:" in again.stdout
+    assert "runs its fit held out" in again.stdout  # on the fit's own folder: the calls the fit measured
     import shutil
 
     copy = shutil.copytree(bank_calls, tmp_path / "copy")  # another path: its runs are still known by id
@@ -111,7 +117,7 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
     assert refused.returncode == 2 and "already has a trust table" in refused.stderr  # nothing overwritten unasked
     moved = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir),
                    "--out", str(tmp_path / "moved"))
-    assert moved.returncode == 0 and json.loads((tmp_path / "moved" / "report.json").read_text())["overall"]["calls"] == \
+    assert moved.returncode == 0 and json.loads((tmp_path / "moved" / "report.json").read_text())["overall"]["calls"] <= \
         setup["held_out_calls"]  # the runs it trained on are left out wherever the folder lies
     assert json.loads((tmp_path / "again" / "report.json").read_text())["overall"]["calls"] == setup["held_out_calls"]
     from envace_mcp.policy.transformers import TransformersPolicy
@@ -128,6 +134,22 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
         target = encode(reply_target(call.result, "inline", close)) + [end]
         nll, tokens = nll - sum(bare.score(prompt, target)), tokens + len(target)
     assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
+
+
+def test_a_log_imported_again_is_not_measured_on_the_calls_it_trained(fitted, bank_calls, tiny_qwen3_dir, tmp_path):
+    """From outside: importing the same log twice gave new run ids, and the report measured the world model
+    on the very calls it trained on. Now a call whose content matches a training call is left out, and said."""
+    out, _ = fitted
+    setup = json.loads((out / "fit.json").read_text())
+    again = tmp_path / "reimported"
+    for trace in TraceStore(bank_calls).read():
+        TraceStore(again).append(trace.model_copy(update={"run_id": f"new-{trace.run_id}"}))
+    done = envace("world-model", "report", "--adapter", str(out), "--traces", str(again), "--model", str(tiny_qwen3_dir),
+                  "--out", str(tmp_path / "report"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads((tmp_path / "report" / "report.json").read_text())["overall"]["calls"]
+    left = f"left out: {setup['training_calls']} that match its training calls"
+    assert left in done.stdout.replace("\n", " ") and measured <= setup["held_out_calls"]
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_qwen3_dir, bank_calls):
@@ -177,11 +199,14 @@ async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_
         middleware = RehearsalMiddleware(policy, tools=tools, world_model=folder, approve=approver)
         assert middleware.core.policy.rehearse_policy.adapter_folder == str(folder)
         assert middleware.core.gate.trust is not None and "transfer" not in {
-            name for name, t in middleware.core.gate.trust.items() if t.stop}
+            name for name, t in middleware.core.gate.trust.items() if t.believe_failures}
         out = await create_agent(model, tools=tools, middleware=[middleware]).ainvoke(
             {"messages": [HumanMessage(content="Move 5 to savings")]})
     record = out["rehearsals"][0]
     assert record["prediction"] is not None and len(asked) == 1 and record["approved"] is False
     assert "approval required" in record["reason"] and f"world model {folder}" in middleware.core.policy.name
-    if record["prediction"]["status"] != "result":  # whatever it predicts is shown, not acted on
-        assert "trust table" in record["reason"]
+    # whatever it predicts is shown, not acted on: a failure it was not measured reliable on, as the table
+    # says; an unreadable rehearsal (the tool was measured, so it fails closed only under on_unusable=block)
+    said = {"tool_error": "not measured reliable on 'transfer' (trust table)", "invalid": "so it predicts nothing",
+            "result": "approval required for destructive tool 'transfer'"}
+    assert said[record["prediction"]["status"]] in record["reason"]

@@ -4,7 +4,7 @@ stopped without a person, and writes that really succeeded stopped wrongly; besi
 (every destructive call waits for a person, whatever it would do).
 
 A write counts as stopped when the world model predicted its failure and its trust table lets that
-prediction stop the tool (`ToolTrust.stop`; a folder without a table: every tool). Each report's own
+prediction stop the tool (`ToolTrust.believe_failures`, at its `min_p_error`; a folder without a table: every tool). Each report's own
 `trust.json` is read, so a world model is judged as the gate would use it.
 
     python -m envace_mcp.lab.analyses.world_model_gate --traces runs/inventory \
@@ -32,7 +32,7 @@ def kinds(traces: str | Path) -> dict[str, str]:
 
 def gate_value(folder: str | Path, tools: dict[str, str]) -> dict[str, Any]:
     """Failed and succeeded writes among the report's calls, and how many of each its gate stops alone."""
-    from envace_mcp.graph.trust import read_trust
+    from envace_mcp.policy.trust import read_trust
 
     report = json.loads((Path(folder) / "report.json").read_text())
     trust = read_trust(folder)
@@ -41,8 +41,10 @@ def gate_value(folder: str | Path, tools: dict[str, str]) -> dict[str, Any]:
         kind = tools.get(call["tool"], "destructive")
         if kind == "read-only":
             continue
-        stops = trust is None or (call["tool"] in trust and trust[call["tool"]].stop)
-        stopped = stops and call["predicted"] == "tool_error"
+        earned = trust.tools.get(call["tool"]) if trust is not None else None
+        stops = trust is None or (earned is not None and earned.believe_failures)
+        threshold = earned.min_p_error if earned is not None and earned.min_p_error is not None else 0.0
+        stopped = stops and call["predicted"] == "tool_error" and (call.get("p_error") is None or call["p_error"] >= threshold)
         key = "failed" if call["failed"] else "ok"
         out[f"{key}_writes"] += 1
         out[f"{key}_stopped"] += stopped

@@ -1,0 +1,245 @@
+"""How far the gate may act on a world model's predictions, tool by tool: a measurement, not a setting.
+
+`envace world-model report` (and `fit`) measures a world model on calls it never trained on and writes
+`trust.json` beside its adapter:
+
+    {"tools": {"reserve": {"believe_failures": true, "min_p_error": 0.7, "fail_closed": true,
+                           "skip_approval": false, "server": "inventory", "behaviour": "3f1c…",
+                           "calls": 41, "status_accuracy": 0.93, "floors": {...}, "stop_curve": [...], ...}},
+     "weights": "9ab2…", "measured_on": {...}, "bars": {...}}
+
+What a tool may earn, each by the bars below and only where the model beat its floors (the status
+accuracy of "always succeeds" and of the majority status the training calls had):
+
+- `believe_failures`: a predicted failure at P(error) ≥ `min_p_error` may stop a call (the gate's block
+  and feedback): the threshold is the lowest at which its held-out stops were precise enough;
+- `skip_approval`: a predicted success may stand in for approval, where the caller asked for that
+  (`require_approval="measured"`);
+- `fail_closed`: with `on_unusable="block"`, an unreadable rehearsal of this tool blocks a destructive
+  call. It only ever stops calls, so a table may say it without figures; an unmeasured tool's unreadable
+  rehearsal says nothing, and does not.
+
+A table is re-checked when it is read, since an adapter folder is untrusted input: a flag its own figures
+do not earn, a table bound to other weights than the folder's (`weights`: the adapter file's digest) or
+to none, and a table that names no tool are each announced in one line naming the file, and nothing they
+claim loosens the gate. An entry binds the tool it measured (`server`, `behaviour`: `ToolSpec.behaviour`);
+another server's tool of the same name, or one whose schemas changed, is not covered by it (`ToolTrust.covers`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError, model_validator
+
+from envace_mcp.config import Settings
+from envace_mcp.errors import UserError
+
+TRUST_FILE = "trust.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+MIN_STOPS = 3
+"""Held-out calls a tool's predicted failures must stop before they may stop its calls…"""
+STOP_PRECISION = 0.8
+"""…of which at least this share must have been real failures."""
+MIN_SUCCESSES = 10
+"""Predicted successes a tool needs before they may stand in for approval (`require_approval=measured`)…"""
+SKIP_PRECISION = 0.95
+"""…of which at least this share must have been real successes, with `status_accuracy` at least
+`SKIP_STATUS`."""
+SKIP_STATUS = 0.9
+THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+"""P(error) thresholds of the precision-vs-coverage curve (`stop_curve`) a tool's `min_p_error` is
+chosen from."""
+
+log = logging.getLogger("envace_mcp.trust")
+
+
+class ToolTrust(Settings):
+    """What the world model earned on one tool (see the module)."""
+
+    believe_failures: bool = False
+    """A predicted failure (at P(error) ≥ `min_p_error`, where the rehearsal has one) may stop a call."""
+    min_p_error: float | None = None
+    fail_closed: bool = False
+    """With `on_unusable="block"`, an unreadable rehearsal blocks a destructive call to this tool."""
+    skip_approval: bool = False
+    """A predicted success may stand in for approval, where the caller set `require_approval="measured"`."""
+    server: str | None = None
+    """The server of the tool measured (None: any; tables written before tools were bound)."""
+    behaviour: str | None = None
+    """`ToolSpec.behaviour` of the tool measured: its schemas and annotations (None: any)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """`stop` (tables before its two meanings were split) reads as both."""
+        if isinstance(data, dict) and "stop" in data:
+            data = dict(data)
+            stop = data.pop("stop")
+            data.setdefault("believe_failures", stop)
+            data.setdefault("fail_closed", stop)
+        return data
+
+    def covers(self, spec: Any) -> bool:
+        """Whether this entry was measured on `spec` (the same server and behaviour, where it says)."""
+        if spec is None:
+            return False
+        return ((self.server is None or self.server == getattr(spec, "server", None))
+                and (self.behaviour is None or self.behaviour == getattr(spec, "behaviour", None)))
+
+
+# ---------------------------------------------------------------------------- what figures earn
+
+
+def best_floor(figures: Mapping[str, Any]) -> float | None:
+    """The highest status accuracy of a trivial predictor on the same calls (`floors`)."""
+    values = [v for v in (figures.get("floors") or {}).values() if isinstance(v, (int, float))]
+    return max(values) if values else None
+
+
+def earned(figures: Mapping[str, Any]) -> dict[str, Any]:
+    """What one tool's held-out figures earn (`believe_failures`, `min_p_error`, `skip_approval`) and why,
+    by the module's bars. Figures that are missing or of the wrong type earn nothing."""
+    try:
+        status = _number(figures.get("status_accuracy"))
+        floor = best_floor(figures)
+        beats = status is not None and floor is not None and status > floor
+        threshold = None
+        for point in figures.get("stop_curve") or []:
+            stopped, precision = int(point["stopped"]), _number(point.get("precision"))
+            if stopped >= MIN_STOPS and precision is not None and precision >= STOP_PRECISION:
+                threshold = float(point["p_error"])
+                break
+        believe = beats and threshold is not None
+        oks, ok_precision = int(figures.get("predicted_successes") or 0), _number(figures.get("success_precision"))
+        skip = (beats and oks >= MIN_SUCCESSES and ok_precision is not None and ok_precision >= SKIP_PRECISION
+                and status is not None and status >= SKIP_STATUS)
+    except (KeyError, TypeError, ValueError):
+        return {"believe_failures": False, "min_p_error": None, "skip_approval": False,
+                "why": "its figures are not a report's"}
+    why = [f"status {status:.2f} vs floor {floor:.2f}" if status is not None and floor is not None
+           else "no status accuracy beside a floor"]
+    if not beats:
+        why.append("it does not beat its floor, so it earns nothing")
+    else:
+        why.append(f"its predicted failures stop at P(error) ≥ {threshold:g}" if believe else
+                   f"no P(error) threshold stops {MIN_STOPS}+ calls at precision {STOP_PRECISION:.0%}")
+        why.append("its predicted successes may stand in for approval" if skip else
+                   f"fewer than {MIN_SUCCESSES} predicted successes at precision {SKIP_PRECISION:.0%}, or status "
+                   f"below {SKIP_STATUS:.0%}")
+    return {"believe_failures": believe, "min_p_error": threshold if believe else None, "skip_approval": skip,
+            "why": "; ".join(why)}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def bars() -> dict[str, Any]:
+    """The bars `earned` holds tools to, as written beside a trust table."""
+    return {"floor": "status accuracy above both floors (always succeeds; the training calls' majority status)",
+            "believe_failures": f"the lowest P(error) at which at least {MIN_STOPS} held-out calls were stopped, "
+                                f"at least {STOP_PRECISION:.0%} of them real failures",
+            "skip_approval": f"at least {MIN_SUCCESSES} predicted successes, of which at least {SKIP_PRECISION:.0%} "
+                             f"real, status accuracy at least {SKIP_STATUS:.0%}",
+            "fail_closed": "every tool measured"}
+
+
+def weights_digest(folder: str | Path) -> str | None:
+    """The digest of an adapter folder's weights (`WEIGHTS_FILE`), None where it has none."""
+    path = Path(folder) / WEIGHTS_FILE
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+@dataclass
+class TrustTable:
+    """A trust table as the gate may use it: what each tool earned once re-checked, and what the check
+    announced (`notes`, one line each, naming the file)."""
+
+    tools: dict[str, ToolTrust] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+
+def read_trust(folder: str | Path | None) -> TrustTable | None:
+    """The trust table in an adapter folder (`trust.json`), re-checked (see the module); None when the
+    folder has none. A torn or malformed file is a UserError naming it (nothing is trusted by accident)."""
+    if folder is None:
+        return None
+    path = Path(folder) / TRUST_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        tools = data["tools"] if isinstance(data, dict) else None
+        if not isinstance(tools, dict):
+            raise ValueError('it has no "tools" object')
+        claimed = {str(name): (entry, ToolTrust(**{k: v for k, v in entry.items() if k in ToolTrust.model_fields
+                                                   or k == "stop"}))
+                   for name, entry in tools.items() if isinstance(entry, dict)}
+    except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+        reason = str(exc).splitlines()[0]
+        raise UserError(f"{path}: not a trust table ({reason}); refit or remove it") from None
+    table = TrustTable(path=path)
+    if not claimed:
+        table.notes.append(f"{path}: names no tool, so the gate acts on none of this world model's predictions "
+                           "(every one is shown, none stops a call)")
+    bound = data.get("weights")
+    actual = weights_digest(folder)
+    unbound = None
+    if not isinstance(bound, str):
+        unbound = "is bound to no weights (written by hand, or before tables were bound)"
+    elif actual is not None and bound != actual:
+        unbound = f"was measured on other weights than {Path(folder) / WEIGHTS_FILE}"
+    for name, (entry, trust) in claimed.items():
+        allowed = earned(entry) if unbound is None else {"believe_failures": False, "min_p_error": None,
+                                                          "skip_approval": False}
+        refused = [flag for flag in ("believe_failures", "skip_approval") if getattr(trust, flag) and not allowed[flag]]
+        if refused:
+            why = f"the table {unbound}" if unbound else f"its own figures do not earn it ({allowed['why']})"
+            table.notes.append(f"{path}: '{name}' claims {' and '.join(refused)}, not believed: {why}")
+        table.tools[name] = trust.model_copy(update={
+            "believe_failures": trust.believe_failures and allowed["believe_failures"],
+            "skip_approval": trust.skip_approval and allowed["skip_approval"],
+            "min_p_error": allowed["min_p_error"] if trust.believe_failures and allowed["believe_failures"] else None})
+    for note in table.notes:
+        log.warning("%s", note)
+    return table
+
+
+def write_trust(folder: str | Path, tools: dict[str, dict[str, Any]], measured_on: dict[str, Any],
+                weights: str | None) -> Path:
+    """Save a trust table (`tools`: name -> `ToolTrust` fields and the figures they rest on), bound to
+    the adapter weights it measured (`weights_digest`)."""
+    path = Path(folder) / TRUST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"tools": tools, "weights": weights, "measured_on": measured_on, "bars": bars()},
+                               indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def require_report(folder: str | Path) -> TrustTable:
+    """The trust table of a world model folder someone's agent is about to use; a folder without one is a
+    UserError saying how to measure it (a world model nobody measured is not one the gate should read)."""
+    table = read_trust(folder)
+    if table is None:
+        raise UserError(f"world model {str(folder)!r} has no report ({TRUST_FILE}): measure it first, "
+                        f"envace world-model report --adapter {folder} --traces DIR (it writes the trust table there)")
+    return table
