@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from envace_mcp._terminal import safe
 from envace_mcp.cli._common import _adapter_folder, _config_layers, _fail, _holding, _model_name, console
@@ -178,35 +179,40 @@ def _figure(value: Any, digits: int = 2) -> str:
 
 def show(result: dict[str, Any], title: str) -> None:
     """The per-tool table, each figure beside its floor (what the trivial predictor scores on the same
-    calls), the status with its 95 % interval, and the trust earned; then how well P(error) is calibrated."""
+    calls; a status at or below it in red), the status's 95 % interval and the trust earned; then the
+    overall nll and how well P(error) is calibrated."""
     from envace_mcp.policy.trust import best_floor
 
-    table = Table(title=safe(title), caption="floors: status — always succeeds or the training majority, the "
-                                             "better; fields — copy the argument or latest value of that name")
-    for column in ("tool", "calls", "errors", "status (95 %)", "floor", "unreadable", "fail prec · rec",
-                   "echoed · floor", "read · floor", "computed · floor", "nll/tok", "trusted to"):
-        table.add_column(column, justify="left" if column in ("tool", "trusted to") else "right")
+    table = Table(title=safe(title), caption="floor: always succeeds or the training majority, the better; fields: "
+                                             "model/copying the argument or latest value of that name", padding=(0, 1))
+    for column in ("tool", "calls", "errors", "status", "floor", "unread", "fail p·r", "echoed", "read",
+                   "computed", "trusted to"):
+        table.add_column(column, justify="left" if column in ("tool", "trusted to") else "right",
+                         no_wrap=column not in ("tool", "trusted to"))
     rows = [(name, figures, result["trust"].get(name, {})) for name, figures in result["tools"].items()]
     rows.append(("all tools", result["overall"], None))
     for name, f, trust in rows:
         earned = ("–" if trust is None else ", ".join(label for k, label in (
-            ("believe_failures", "stop on P(error) ≥ {:g}".format(trust.get("min_p_error") or 0)),
+            ("believe_failures", "stop at P(error) ≥ {:g}".format(trust.get("min_p_error") or 0)),
             ("skip_approval", "skip approval")) if trust.get(k)) or "nothing")
         floor = best_floor(f)
-        status = _figure(f["status_accuracy"])
-        if f.get("status_interval"):
-            status += " [{}, {}]".format(*(_figure(v) for v in f["status_interval"]))
-        if floor is not None and f["status_accuracy"] is not None and f["status_accuracy"] <= floor:
-            status += " ≤ floor"
-        unreadable = (f.get("unusable") or 0) + (f.get("unknown") or 0)
+        below = floor is not None and f["status_accuracy"] is not None and f["status_accuracy"] <= floor
         fields, floors = f["field_accuracy"], f.get("field_floor", {})
-        table.add_row(safe(name), str(f["calls"]), str(f["failures"]), status, _figure(floor), _figure(unreadable),
-                      f"{_figure(f['failure_precision'])} · {_figure(f['failure_recall'])}",
-                      *(f"{_figure(fields[k])} · {_figure(floors.get(k))}" for k in ("echoed", "read", "computed")),
-                      _figure(f["nll_per_token"], 3), earned)
+        table.add_row(safe(name), str(f["calls"]), str(f["failures"]),
+                      Text(_figure(f["status_accuracy"]), style="red" if below else ""), _figure(floor),
+                      _figure((f.get("unusable") or 0) + (f.get("unknown") or 0)),
+                      f"{_figure(f['failure_precision'])}·{_figure(f['failure_recall'])}",
+                      *(f"{_figure(fields[k])}/{_figure(floors.get(k))}" for k in ("echoed", "read", "computed")),
+                      earned)
     console.print(table)
-    calibration = result["overall"].get("calibration") or {}
+    overall = result["overall"]
+    calibration = overall.get("calibration") or {}
+    interval = overall.get("status_interval")
+    line = (f"status {_figure(overall['status_accuracy'])}, 95 % interval "
+            f"{'–' if not interval else f'{interval[0]:.2f}–{interval[1]:.2f}'} (each tool's: report.json); "
+            f"nll/token {_figure(overall['nll_per_token'], 3)}")
     if calibration.get("calls"):
-        console.print(f"P(error) on {calibration['calls']} calls: expected calibration error "
-                      f"{_figure(calibration['ece'], 3)}, Brier {_figure(calibration['brier'], 3)} "
-                      "(report.json: reliability bins and each tool's precision and recall by P(error) threshold)")
+        line += (f"; P(error) on {calibration['calls']} calls: expected calibration error {_figure(calibration['ece'], 3)}, "
+                 f"Brier {_figure(calibration['brier'], 3)} (report.json: reliability bins, precision and recall by "
+                 "P(error) threshold per tool)")
+    console.print(line)

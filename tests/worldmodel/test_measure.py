@@ -63,3 +63,23 @@ def test_an_entry_binds_the_one_tool_it_measured_or_none():
     assert entry["floors"] == figures["floors"] and entry["stop_curve"] == figures["stop_curve"]
     two = trust_entry(figures, {("inventory", "abc"), ("warehouse", "def")})
     assert two["server"] is None and not two["believe_failures"] and "2 different tools" in two["why"]
+
+
+def test_the_report_and_trust_table_never_wait_on_the_optional_plot(tmp_path, monkeypatch):
+    """From outside: without matplotlib (the README's install has none) `fit` died after 15 minutes before
+    writing its trust table. The figures and the table come first; the plot is skipped in one line."""
+    import json
+    import sys
+
+    from envace_mcp.policy.trust import read_trust
+    from envace_mcp.worldmodel.fit import write_report
+    from envace_mcp.worldmodel.measure import report
+
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"weights")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it now fails, as where it is not installed
+    result = report(_calls(), majority={"reserve": False})
+    note = write_report(tmp_path, result, {"traces": "t"}, weights=tmp_path)
+    assert note == "report.png skipped: it needs matplotlib (pip install matplotlib)"
+    assert json.loads((tmp_path / "report.json").read_text())["overall"]["calls"] == 10
+    table = read_trust(tmp_path)
+    assert set(table.tools) == {"reserve"} and not table.notes and not (tmp_path / "report.png").exists()
