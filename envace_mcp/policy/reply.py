@@ -16,8 +16,11 @@ first and then holds the reply to it:
   before; an error's message and a plain-text result run free to the end of the turn.
 
 What cannot be finished within the token budget stays unreadable, and the parser calls it `UNKNOWN`
-(never a prediction). Like `CallConstraint`, the logprob recorded for a masked token is the masked
-distribution's, so training rollouts decode without it (`TransformersPolicy(constrain_rehearsals=False)`).
+(never a prediction). The engine records each token's logprob under the masked distribution; `shifts`
+turns it back into the model's own (`log p = log p_masked + logsumexp(masked) − logsumexp(all)`, at the
+sampling temperature), so a recorded rehearsal's logprobs are what a trainer recomputes. Its tokens were
+still drawn from the masked distribution, so GRPO rollouts decode without the hold
+(`TransformersPolicy(constrain_rehearsals=False)`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class ReplyConstraint:
     hook. After decoding, `p_error` holds the model's P(error) (None if it never reached a decision)."""
 
     def __init__(self, output_schema: Any, token_text: TokenText, end_ids: set[int], *,
-                 special_ids: set[int] = frozenset(), stops: tuple[str, ...] = ()) -> None:
+                 special_ids: set[int] = frozenset(), stops: tuple[str, ...] = (), temperature: float = 0.0) -> None:
         self.schema = output_schema if isinstance(output_schema, dict) and output_schema else None
         kind = self.schema.get("type") if self.schema else None
         self.wants_object = kind == "object" or (kind is None and self.schema is not None and "properties" in self.schema)
@@ -66,6 +69,9 @@ class ReplyConstraint:
         self.text = ""
         self.fed = 0
         self.p_error: float | None = None
+        self.temperature = temperature or 1.0  # greedy decoding records logprobs at temperature 1
+        self.shifts: dict[int, float] = {}
+        """Step -> what to add to the logprob the engine recorded there (a step left unmasked: nothing)."""
 
     # ------------------------------------------------------------------ the engine's hook
 
@@ -73,11 +79,19 @@ class ReplyConstraint:
         for token in tokens[self.fed:]:
             self._take(self.token_text(token) if token not in self.end_ids else "")
         self.fed = len(tokens)
-        if self.branch is None:
-            self._decide(logits)
-        elif self.branch == "json":
-            self._json_step(logits)
+        if self.branch is None or self.branch == "json":
+            whole = torch.logsumexp(logits.float() / self.temperature, dim=-1)
+            self._decide(logits) if self.branch is None else self._json_step(logits)
+            shift = float(torch.logsumexp(logits.float() / self.temperature, dim=-1) - whole)
+            if shift:
+                self.shifts[len(tokens)] = shift
         # an error's message and a plain-text result: free to the end of the turn
+
+    def unmasked(self, logprobs: list[float] | None) -> list[float] | None:
+        """The engine's recorded logprobs as the model's own (see the module)."""
+        if logprobs is None:
+            return None
+        return [lp + self.shifts.get(i, 0.0) for i, lp in enumerate(logprobs)]
 
     def _take(self, text: str) -> None:
         opening = self.branch is None

@@ -46,9 +46,9 @@ class TokenPolicy(PromptPolicy):
         logprobs, and its text with a final end-of-turn token left out (`decode`). `restrict`: a logits
         hook (`reply.ReplyConstraint`), from `reply_constraint`; a backend that takes none ignores it."""
 
-    def reply_constraint(self, tool: Any, stops: tuple[str, ...] = ()) -> Any:
-        """The hook that holds an inline rehearsal of `tool` to a readable reply, which must not write
-        `stops` inside a value (None: not held)."""
+    def reply_constraint(self, tool: Any, sampling: SamplingParams) -> Any:
+        """The hook that holds an inline rehearsal of `tool`, sampled as `sampling` says, to a readable
+        reply (None: not held)."""
         return None
 
     def render(self, chat: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
@@ -100,7 +100,7 @@ class TokenPolicy(PromptPolicy):
         if restrict is None:
             return await self._generate(prompt_ids, prompt_text, sampling)
         raw = await self._generate(prompt_ids, prompt_text, sampling, restrict=restrict.restrict)
-        return raw.model_copy(update={"p_error": restrict.p_error})
+        return raw.model_copy(update={"p_error": restrict.p_error, "logprobs": restrict.unmasked(raw.logprobs)})
 
     async def _complete(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
                         sampling: SamplingParams) -> RawCompletion:
@@ -113,5 +113,5 @@ class TokenPolicy(PromptPolicy):
         marker = close.strip()
         if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow
             sampling = sampling.model_copy(update={"stop": (*sampling.stop, marker)})
-        restrict = self.reply_constraint(reply_to, tuple(sampling.stop)) if role == "rehearse" else None
+        restrict = self.reply_constraint(reply_to, sampling) if role == "rehearse" else None
         return await self._sample(self.encode(prompt), prompt, sampling, restrict), close

@@ -144,11 +144,12 @@ class TransformersPolicy(TokenPolicy):
                         restrict: Any = None) -> RawCompletion:
         return _raw(await self.engine.submit(self.job(prompt_ids, sampling, restrict=restrict)), prompt_text)
 
-    def reply_constraint(self, tool: Any, stops: tuple[str, ...] = ()) -> ReplyConstraint | None:
+    def reply_constraint(self, tool: Any, sampling: SamplingParams) -> ReplyConstraint | None:
         if not self.constrain_rehearsals:
             return None
         return ReplyConstraint(getattr(tool, "output_schema", None), self._tokens(), self.eos_ids,
-                               special_ids=set(self.tokenizer.all_special_ids), stops=stops)
+                               special_ids=set(self.tokenizer.all_special_ids), stops=tuple(sampling.stop),
+                               temperature=sampling.temperature)
 
     def _tokens(self) -> TokenText:
         if self._token_text is None:

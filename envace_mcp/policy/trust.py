@@ -99,25 +99,36 @@ class ToolTrust(Settings):
 
 def best_floor(figures: Mapping[str, Any]) -> float | None:
     """The highest status accuracy of a trivial predictor on the same calls (`floors`)."""
-    values = [v for v in (figures.get("floors") or {}).values() if isinstance(v, (int, float))]
+    floors = figures.get("floors")
+    values = [v for v in (floors.values() if isinstance(floors, Mapping) else ())
+              if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return max(values) if values else None
 
 
 def earned(figures: Mapping[str, Any]) -> dict[str, Any]:
     """What one tool's held-out figures earn (`believe_failures`, `min_p_error`, `skip_approval`) and why,
-    by the module's bars. Figures that are missing or of the wrong type earn nothing."""
+    by the module's bars. Figures that are missing, of the wrong type or out of range (a share outside
+    0–1, a count that is not a whole number ≥ 0) earn nothing."""
     try:
-        status = _number(figures.get("status_accuracy"))
-        floor = best_floor(figures)
+        status = _share(figures.get("status_accuracy"))
+        floors = figures.get("floors") or {}
+        if not isinstance(floors, Mapping):
+            raise TypeError("floors")
+        known = [share for share in map(_share, floors.values()) if share is not None]
+        floor = max(known) if known else None
         beats = status is not None and floor is not None and status > floor
         threshold = None
         for point in figures.get("stop_curve") or []:
-            stopped, precision = int(point["stopped"]), _number(point.get("precision"))
+            if not isinstance(point, Mapping):
+                raise TypeError("stop_curve")
+            stopped, precision, p_error = _count(point["stopped"]), _share(point.get("precision")), _share(point["p_error"])
+            if p_error is None:
+                raise ValueError("p_error")
             if stopped >= MIN_STOPS and precision is not None and precision >= STOP_PRECISION:
-                threshold = float(point["p_error"])
+                threshold = p_error
                 break
         believe = beats and threshold is not None
-        oks, ok_precision = int(figures.get("predicted_successes") or 0), _number(figures.get("success_precision"))
+        oks, ok_precision = _count(figures.get("predicted_successes") or 0), _share(figures.get("success_precision"))
         skip = (beats and oks >= MIN_SUCCESSES and ok_precision is not None and ok_precision >= SKIP_PRECISION
                 and status is not None and status >= SKIP_STATUS)
     except (KeyError, TypeError, ValueError):
@@ -137,10 +148,20 @@ def earned(figures: Mapping[str, Any]) -> dict[str, Any]:
             "why": "; ".join(why)}
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _share(value: Any) -> float | None:
+    """A share as a report writes it (None where there was nothing to divide by); anything else, NaN and
+    a 400-digit integer included, is a ValueError or TypeError."""
+    if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"not a share: {value!r:.40}")
     return float(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a count: {value!r:.40}")
+    return value
 
 
 def bars() -> dict[str, Any]:

@@ -176,3 +176,82 @@ def test_a_world_model_folder_without_a_report_is_refused_in_one_line(tmp_path):
         with_world_model(_Policy(None), tmp_path)
     with pytest.raises(UserError, match="no adapter there"):
         with_world_model(_Policy(None), tmp_path / "missing")
+
+
+@pytest.mark.parametrize("figures", [
+    {"floors": [0.1]}, {"floors": "always"}, {"floors": {"always_succeeds": -1.0}},
+    {"status_accuracy": 7}, {"status_accuracy": 10**400}, {"success_precision": 9},
+    {"predicted_successes": float("inf")}, {"predicted_successes": "1000"}, {"predicted_successes": True},
+    {"stop_curve": [{"p_error": 0.5, "stopped": float("inf"), "precision": 0.9}]},
+    {"stop_curve": [{"p_error": 10**400, "stopped": 9, "precision": 0.9}]},
+    {"stop_curve": [{"p_error": -1, "stopped": 9, "precision": 0.9}]},
+    {"stop_curve": [{"p_error": 5, "stopped": 9, "precision": 0.9}]},
+    {"stop_curve": [{"p_error": "nan", "stopped": 9, "precision": 0.9}]},
+    {"stop_curve": [[[[0.5]]], {"p_error": {"__proto__": 0.5}, "stopped": 9, "precision": 0.9}]},
+], ids=["floors a list", "floors a string", "a negative floor", "status 7", "status of 400 digits",
+        "success precision 9", "infinite successes", "successes as a string", "successes as a boolean",
+        "infinite stops", "P(error) of 400 digits", "P(error) -1", "P(error) 5", "P(error) NaN", "nested garbage"])
+def test_figures_that_are_not_a_reports_earn_nothing_and_never_crash_the_load(tmp_path, figures):
+    """From outside: floors that were not an object, an infinite or 400-digit count, took the policy's load
+    down with a traceback; a P(error) threshold of -1, 5 or NaN, a status of 7, a count written as a string
+    were believed as figures."""
+    _table(tmp_path, {"delete_todo": {"believe_failures": True, "skip_approval": True, "server": "todo",
+                                      "behaviour": DELETE.behaviour, **EARNED, **figures}})
+    table = read_trust(tmp_path)
+    assert table.tools["delete_todo"].model_dump(include={"believe_failures", "min_p_error", "skip_approval"}) == {
+        "believe_failures": False, "min_p_error": None, "skip_approval": False}
+    assert len(table.notes) == 1 and "not a report's" in table.notes[0]
+
+
+@pytest.mark.parametrize("text", ['{"tools": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                  '{"tools": {}, "padding": "' + "x" * (8 << 20) + '"}'],
+                         ids=["nested 100,000 deep", "past 8 MiB"])
+def test_a_trust_table_too_deep_or_too_large_to_be_a_reports_is_one_error_naming_it(tmp_path, text):
+    (tmp_path / "trust.json").write_text(text)
+    with pytest.raises(UserError, match=r"trust\.json: not a trust table"):
+        read_trust(tmp_path)
+
+
+def test_a_table_whose_folder_has_no_weights_file_to_check_it_against_is_not_believed(tmp_path):
+    """From outside: with its weights as adapter_model.bin (which PEFT loads too), a table claiming any digest
+    at all passed for bound."""
+    (tmp_path / "adapter_model.bin").write_bytes(b"other weights")
+    (tmp_path / "trust.json").write_text(json.dumps({"tools": {"delete_todo": {
+        "believe_failures": True, "skip_approval": True, **EARNED}}, "weights": "0" * 32}))
+    table = read_trust(tmp_path)
+    assert not table.tools["delete_todo"].believe_failures and not table.tools["delete_todo"].skip_approval
+    assert "adapter_model.safetensors" in table.notes[0]
+
+
+def test_a_predicted_success_vouches_only_for_the_tool_its_entry_binds(tmp_path):
+    """From outside: an entry naming no server and schema stood in for approval of every server's tool of its
+    name; what replaces a person's consent must say which tool it measured (a report's entries always do)."""
+    _table(tmp_path, {"delete_todo": {"skip_approval": True, **EARNED}})
+    table = read_trust(tmp_path)
+    assert not table.tools["delete_todo"].skip_approval and "binds no tool" in table.notes[0]
+    other = ToolSpec.create(remote_name="delete_todo", server="crm", description="", input_schema={"type": "object"},
+                            output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
+    assert decide(CALL, other, FINE, mode="real", config=gate(table.tools, require_approval="measured")).action == "ask"
+    _table(tmp_path, {"delete_todo": {"skip_approval": True, "server": "todo", "behaviour": DELETE.behaviour, **EARNED}})
+    assert read_trust(tmp_path).tools["delete_todo"].skip_approval
+
+
+def test_a_hostile_tool_name_reaches_the_terminal_and_the_log_escaped(tmp_path, monkeypatch):
+    """From outside: a tool named `[/]` crashed `envace run` as it announced the table (rich markup), one
+    named `[conceal]` hid the rest of its line, and an ESC in a name reached the terminal raw through the log."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    import envace_mcp.cli._common as common
+
+    names = ["x[/]y", "[conceal]hidden", "wipe\x1bc"]
+    _table(tmp_path, {name: {"skip_approval": True} for name in names})
+    policy = _Policy(tmp_path)
+    assert all("\x1b" not in note for note in policy.trust.notes)
+    out = StringIO()
+    monkeypatch.setattr(common, "console", Console(file=out, force_terminal=True, width=400))
+    common.announce_trust(policy)
+    shown = out.getvalue()
+    assert "x[/]y" in shown and "[conceal]hidden" in shown and "wipe\\x1bc" in shown
+    assert "\x1b[8" not in shown and "\x1bc" not in shown  # nothing concealed, nothing obeyed

@@ -124,3 +124,30 @@ def test_nested_models_are_held_to_their_schema_too(policy, text, closer, allowe
     constraint = ReplyConstraint(ITEMS, TokenText(policy.tokenizer), policy.eos_ids)
     constraint._take(text)
     assert constraint._fits(_ids(policy, closer)[0]) is allowed
+
+
+def test_the_approver_reads_what_an_unreadable_rehearsal_wrote_and_how_sure_a_readable_one_was():
+    """From outside: an unreadable rehearsal showed no text anywhere, so a user could not tell whether their
+    schema, the token cap or the model was at fault. Its text is shown whole, control characters written out."""
+    from envace_mcp.graph.calls import outcome_text
+    from envace_mcp.policy import Prediction
+
+    cut = Prediction(tool="cancel", status="invalid", code="UNKNOWN", message="no readable reply within the budget",
+                     text='{"cancelled": tr\x1b[2J')
+    shown = outcome_text(cut)
+    assert "could not be read" in shown and '{"cancelled": tr' in shown and "\x1b" not in shown
+    sure = Prediction(tool="cancel", status="tool_error", code="EXECUTION_ERROR", message="already cancelled",
+                      p_error=0.83)
+    assert outcome_text(sure) == "fails (EXECUTION_ERROR: already cancelled), P(error) 0.83"
+
+
+async def test_a_held_rehearsals_recorded_logprobs_are_the_models_own_as_a_trainer_recomputes_them(policy, bank_catalog):
+    """The engine records each token under the masked distribution; a trainer recomputes it under the
+    model's own. The recorded logprobs are turned back, so offline GRPO on recorded runs starts at ratio 1."""
+    spec = next(s for s in bank_catalog if s.name == "get_balance")
+    request = RehearseRequest(call=ToolCall(id="c", name=spec.name, arguments={"account_id": "CHK-1"}), tool=spec,
+                              allowed=list(bank_catalog), history=[HumanMessage(content="balance?")])
+    for temperature in (0.0, 1.0):
+        generation = await policy.rehearse(request, SamplingParams(max_new_tokens=24, temperature=temperature, seed=1))
+        again = policy.score(generation.prompt_ids, generation.completion_ids, temperature or 1.0)
+        assert generation.logprobs == pytest.approx(again, abs=2e-3)
