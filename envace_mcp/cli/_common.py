@@ -320,7 +320,9 @@ def announce_trust(policy: Any) -> None:
     if table is None:
         return
     acted = sorted(name for name, t in table.tools.items() if t.believe_failures or t.fail_closed or t.skip_approval)
-    console.print(f"[dim]trust table {safe(str(table.path))}: the gate acts on the world model's predictions for "
-                  f"{len(acted)} of the {len(table.tools)} tool(s) it measured (others: shown, not acted on)[/]")
+    # Text, never markup: a tool named `[/]` or `[conceal]` in an adapter's table is shown as written
+    console.print(Text.assemble("trust table ", safe(str(table.path)), f": the gate acts on the world model's "
+                                f"predictions for {len(acted)} of the {len(table.tools)} tool(s) it measured "
+                                "(others: shown, not acted on)", style="dim"))
     for note in table.notes:
-        console.print(f"[yellow]{safe(note)}[/]")
+        console.print(safe(note, "yellow"))

@@ -137,7 +137,7 @@ def unseen_calls(calls: list[Any], fitted: dict[str, Any], traces: Path) -> tupl
                   if left else f"{len(calls)} calls")
 
 
-def room_for_trust(held: list[Any]) -> str:
+def room_for_trust(held: list[Any]) -> Text:
     """Whether any tool has the held-out calls to earn trust, before anything is measured: a tool's
     predicted failures need at least MIN_STOPS real failures to stop on, its predicted successes
     MIN_SUCCESSES calls to stand in for approval."""
@@ -149,11 +149,13 @@ def room_for_trust(held: list[Any]) -> str:
     may_stop = sorted(t for t, (_, failed) in calls.items() if failed >= MIN_STOPS)
     may_vouch = sorted(t for t, (ok, _) in calls.items() if ok >= MIN_SUCCESSES)
     if not may_stop and not may_vouch:
-        return (f"[yellow]no tool can earn trust on these {len(held)} held-out calls: believing a tool's predicted "
-                f"failures needs {MIN_STOPS}+ real failures of it held out, skipping its approval {MIN_SUCCESSES}+ "
-                "successes (record or import more runs, or hold out more)[/]")
-    return (f"[dim]tools with the held-out calls to earn trust: stopping on failures: {safe(', '.join(may_stop)) or 'none'}; "
-            f"vouching for successes: {safe(', '.join(may_vouch)) or 'none'}[/]")
+        return Text(f"no tool can earn trust on these {len(held)} held-out calls: believing a tool's predicted "
+                    f"failures needs {MIN_STOPS}+ real failures of it held out, skipping its approval {MIN_SUCCESSES}+ "
+                    "successes (record or import more runs, or hold out more)", style="yellow")
+    # Text, never markup: tool names are the servers' (a `[/]` in one crashed the command)
+    return Text.assemble("tools with the held-out calls to earn trust: stopping on failures: ",
+                         safe(", ".join(may_stop) or "none"), "; vouching for successes: ",
+                         safe(", ".join(may_vouch) or "none"), style="dim")
 
 
 def _fit_of(adapter: Path) -> dict[str, Any]:

@@ -20,9 +20,10 @@ accuracy of "always succeeds" and of the majority status the training calls had)
   rehearsal says nothing, and does not.
 
 A table is re-checked when it is read, since an adapter folder is untrusted input: a flag its own figures
-do not earn, a table bound to other weights than the folder's (`weights`: the adapter file's digest) or
-to none, and a table that names no tool are each announced in one line naming the file, and nothing they
-claim loosens the gate. An entry binds the tool it measured (`server`, `behaviour`: `ToolSpec.behaviour`);
+do not earn (figures out of a report's range earn nothing), a table bound to other weights than the
+folder's (`weights`: the adapter file's digest), to none, or in a folder without that file, a
+`skip_approval` whose entry binds no tool, and a table that names no tool are each announced in one line
+naming the file (its tool names escaped), and nothing they claim loosens the gate. An entry binds the tool it measured (`server`, `behaviour`: `ToolSpec.behaviour`);
 another server's tool of the same name, or one whose schemas changed, is not covered by it (`ToolTrust.covers`).
 """
 
@@ -38,6 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
+from envace_mcp._text import visible
 from envace_mcp.config import Settings
 from envace_mcp.errors import UserError
 
@@ -53,6 +55,8 @@ SKIP_PRECISION = 0.95
 """…of which at least this share must have been real successes, with `status_accuracy` at least
 `SKIP_STATUS`."""
 SKIP_STATUS = 0.9
+MAX_BYTES = 8 << 20
+"""A trust table larger than this is not a report's (one is a few KB a tool) and is not read whole."""
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 """P(error) thresholds of the precision-vs-coverage curve (`stop_curve`) a tool's `min_p_error` is
 chosen from."""
@@ -121,11 +125,11 @@ def earned(figures: Mapping[str, Any]) -> dict[str, Any]:
         for point in figures.get("stop_curve") or []:
             if not isinstance(point, Mapping):
                 raise TypeError("stop_curve")
-            stopped, precision, p_error = _count(point["stopped"]), _share(point.get("precision")), _share(point["p_error"])
-            if p_error is None:
+            stopped, precision, p_error = _count(point["stopped"]), _share(point.get("precision")), point["p_error"]
+            if _share(p_error) is None:
                 raise ValueError("p_error")
             if stopped >= MIN_STOPS and precision is not None and precision >= STOP_PRECISION:
-                threshold = p_error
+                threshold = float(p_error)
                 break
         believe = beats and threshold is not None
         oks, ok_precision = _count(figures.get("predicted_successes") or 0), _share(figures.get("success_precision"))
@@ -208,15 +212,21 @@ def read_trust(folder: str | Path | None) -> TrustTable | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise ValueError(f"it is larger than {MAX_BYTES >> 20} MiB")
+        data = json.loads(raw.decode("utf-8"))
         tools = data["tools"] if isinstance(data, dict) else None
         if not isinstance(tools, dict):
             raise ValueError('it has no "tools" object')
         claimed = {str(name): (entry, ToolTrust(**{k: v for k, v in entry.items() if k in ToolTrust.model_fields
                                                    or k == "stop"}))
                    for name, entry in tools.items() if isinstance(entry, dict)}
+    except RecursionError:
+        raise UserError(f"{path}: not a trust table (nested too deep); refit or remove it") from None
     except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
-        reason = str(exc).splitlines()[0]
+        reason = visible((str(exc).splitlines() or [type(exc).__name__])[0])
         raise UserError(f"{path}: not a trust table ({reason}); refit or remove it") from None
     table = TrustTable(path=path)
     if not claimed:
@@ -227,15 +237,25 @@ def read_trust(folder: str | Path | None) -> TrustTable | None:
     unbound = None
     if not isinstance(bound, str):
         unbound = "is bound to no weights (written by hand, or before tables were bound)"
-    elif actual is not None and bound != actual:
+    elif actual is None:  # weights PEFT loads from another file (adapter_model.bin) are weights it cannot check
+        unbound = f"names weights its folder does not have ({WEIGHTS_FILE} to check them against)"
+    elif bound != actual:
         unbound = f"was measured on other weights than {Path(folder) / WEIGHTS_FILE}"
     for name, (entry, trust) in claimed.items():
         allowed = earned(entry) if unbound is None else {"believe_failures": False, "min_p_error": None,
                                                           "skip_approval": False}
+        # what stands in for a person's approval must name the tool it measured, as a report's entries do
+        unbinding = allowed["skip_approval"] and (trust.server is None or trust.behaviour is None)
+        if unbinding:
+            allowed = {**allowed, "skip_approval": False}
         refused = [flag for flag in ("believe_failures", "skip_approval") if getattr(trust, flag) and not allowed[flag]]
         if refused:
-            why = f"the table {unbound}" if unbound else f"its own figures do not earn it ({allowed['why']})"
-            table.notes.append(f"{path}: '{name}' claims {' and '.join(refused)}, not believed: {why}")
+            by_figures = [flag for flag in refused if not (unbinding and flag == "skip_approval")]
+            why = f"the table {unbound}" if unbound else "; ".join(
+                ([f"its own figures do not earn it ({allowed['why']})"] if by_figures else [])
+                + (["skip_approval needs the entry to bind its tool (server and behaviour, as a report's do)"]
+                   if unbinding else []))
+            table.notes.append(f"{path}: '{visible(name)}' claims {' and '.join(refused)}, not believed: {why}")
         table.tools[name] = trust.model_copy(update={
             "believe_failures": trust.believe_failures and allowed["believe_failures"],
             "skip_approval": trust.skip_approval and allowed["skip_approval"],

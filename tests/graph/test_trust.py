@@ -228,7 +228,7 @@ def test_a_predicted_success_vouches_only_for_the_tool_its_entry_binds(tmp_path)
     name; what replaces a person's consent must say which tool it measured (a report's entries always do)."""
     _table(tmp_path, {"delete_todo": {"skip_approval": True, **EARNED}})
     table = read_trust(tmp_path)
-    assert not table.tools["delete_todo"].skip_approval and "binds no tool" in table.notes[0]
+    assert not table.tools["delete_todo"].skip_approval and "bind its tool" in table.notes[0]
     other = ToolSpec.create(remote_name="delete_todo", server="crm", description="", input_schema={"type": "object"},
                             output_schema=None, annotations=ToolAnnotations.from_hints({"destructiveHint": True}))
     assert decide(CALL, other, FINE, mode="real", config=gate(table.tools, require_approval="measured")).action == "ask"
@@ -255,3 +255,18 @@ def test_a_hostile_tool_name_reaches_the_terminal_and_the_log_escaped(tmp_path, 
     shown = out.getvalue()
     assert "x[/]y" in shown and "[conceal]hidden" in shown and "wipe\\x1bc" in shown
     assert "\x1b[8" not in shown and "\x1bc" not in shown  # nothing concealed, nothing obeyed
+
+
+def test_the_tools_that_may_earn_trust_are_named_as_written():
+    """From outside: `envace world-model fit` crashed before training on a recorded tool named `[/]`."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from envace_mcp.cli.world_model import room_for_trust
+
+    held = [SimpleNamespace(tool=name, failed=True) for name in ("x[/]y", "[conceal]z") for _ in range(3)]
+    console = Console(force_terminal=True, width=400)
+    with console.capture() as captured:
+        console.print(room_for_trust(held))
+    assert "x[/]y" in captured.get() and "[conceal]z" in captured.get()
