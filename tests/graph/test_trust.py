@@ -164,8 +164,9 @@ def test_the_shipped_world_model_fails_closed_on_the_bundled_tools_it_was_measur
     assert shipped.trust["transfer"].fail_closed and not any(t.skip_approval for t in shipped.trust.values())
     assert decide(CALL, DELETE, GARBLED, mode="real", config=shipped).action == "execute"
     transfer = next(s for s in bank_catalog if s.name == "transfer")
-    assert decide(ToolCall(id="2", name="transfer", arguments={}), transfer, GARBLED, mode="real",
-                  config=shipped).action == "block"
+    move = ToolCall(id="2", name="transfer", arguments={"from_account_id": "CHK-1001", "to_account_id": "SAV-1001",
+                                                      "amount": 5})
+    assert decide(move, transfer, GARBLED, mode="real", config=shipped).action == "block"
 
 
 def test_a_world_model_folder_without_a_report_is_refused_in_one_line(tmp_path):
