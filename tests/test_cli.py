@@ -83,7 +83,10 @@ def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_ga
     assert trace.model == f"{tiny_qwen3_dir} + rehearse adapter {world}"
     assert "gate from the rehearse adapter's envace.json: min_failure_confidence=0.7" in out.stdout
     assert trace.gate["min_failure_confidence"] == 0.7 and trace.gate["on_unusable"] == "allow"
-    assert trace.gate["trust"] == {"get_balance": {"stop": True, "skip_approval": False}}  # the world model's table
+    # the world model's table, re-checked: a hand-written `stop` fails closed, but is not believed, and says why
+    assert trace.gate["trust"] == {"get_balance": {"believe_failures": False, "min_p_error": None, "fail_closed": True,
+                                                   "skip_approval": False, "server": None, "behaviour": None}}
+    assert "'get_balance' claims believe_failures, not believed: the table is bound to no weights" in out.stdout
 
 
 def test_demo_over_http_for_retail():
