@@ -198,15 +198,17 @@ async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_
         tools = toolbox.langchain_tools()
         middleware = RehearsalMiddleware(policy, tools=tools, world_model=folder, approve=approver)
         assert middleware.core.policy.rehearse_policy.adapter_folder == str(folder)
-        assert middleware.core.gate.trust is not None and "transfer" not in {
-            name for name, t in middleware.core.gate.trust.items() if t.believe_failures}
+        trust = middleware.core.gate.trust
+        assert trust is not None and not any(t.believe_failures for t in trust.values())  # the tiny model earns nothing
         out = await create_agent(model, tools=tools, middleware=[middleware]).ainvoke(
             {"messages": [HumanMessage(content="Move 5 to savings")]})
     record = out["rehearsals"][0]
     assert record["prediction"] is not None and len(asked) == 1 and record["approved"] is False
     assert "approval required" in record["reason"] and f"world model {folder}" in middleware.core.policy.name
-    # whatever it predicts is shown, not acted on: a failure it was not measured reliable on, as the table
-    # says; an unreadable rehearsal (the tool was measured, so it fails closed only under on_unusable=block)
-    said = {"tool_error": "not measured reliable on 'transfer' (trust table)", "invalid": "so it predicts nothing",
-            "result": "approval required for destructive tool 'transfer'"}
-    assert said[record["prediction"]["status"]] in record["reason"]
+    # whatever it predicts is shown, not acted on, and the reason says which way the table decided
+    status, measured = record["prediction"]["status"], "transfer" in trust
+    said = ("approval required for destructive tool 'transfer'" if status == "result" else
+            "was not measured on 'transfer' (trust table)" if not measured else
+            "so it predicts nothing" if status == "invalid" else  # measured: fails closed only under on_unusable=block
+            "not measured reliable on 'transfer' (trust table)")
+    assert said in record["reason"]
