@@ -29,6 +29,18 @@ from envace_mcp.toolbox.langchain import spec_from_tool
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::langchain_core._api.LangChainBetaWarning")]
 ROOT = Path(__file__).resolve().parents[2]
 TODO_SERVER = ROOT / "examples" / "todo_server.py"
+
+
+def _example_todo() -> Any:
+    """examples/todo_server.py as a module of its own name: tests/todo_server.py is another server, and
+    which of the two `import todo_server` found depended on the order the tests ran in."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("example_todo_server", TODO_SERVER)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its pydantic models resolve their annotations in it
+    spec.loader.exec_module(module)
+    return module
 ADAPTERS = ("langchain-mcp-adapters==0.3.2", "mcp<2", "httpx-sse>=0.4")
 """The adapters and the mcp they pin; everything else they need comes from this environment (below)."""
 BOOT = ("import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
@@ -127,8 +139,7 @@ async def listed_schemas() -> dict[str, dict[str, Any]]:
     """The to-do server's input schemas as its own `tools/list` gives them."""
     import mcp
 
-    sys.path.insert(0, str(TODO_SERVER.parent))
-    from todo_server import build_server
+    build_server = _example_todo().build_server
 
     async with mcp.Client(build_server()) as client:
         return {t.name: t.input_schema for t in (await client.list_tools()).tools}
@@ -139,8 +150,7 @@ async def listed_schemas() -> dict[str, dict[str, Any]]:
 async def langchain_mcp_tools() -> tuple[list[Any], Any]:
     from langchain.mcp import MCPAdapter
 
-    sys.path.insert(0, str(TODO_SERVER.parent))
-    from todo_server import build_server
+    build_server = _example_todo().build_server
 
     server = build_server()
     async with MCPAdapter(server) as adapter:
