@@ -164,11 +164,12 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
 @traces_app.command("import")
 def traces_import(
     log: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL tool-call log, one episode a line "
-                                                                          "(or with --format langsmith, examples)")],
+                                                                          "(or, with --format, examples or trajectories)")],
     out: Annotated[Path, typer.Option(file_okay=False, help="trace folder to write (runs are appended)")],
-    format: Annotated[Literal["log", "langsmith"], typer.Option(
+    format: Annotated[Literal["log", "langsmith", "atif"], typer.Option(
         "--format", help="log: your agents' tool-call log; langsmith: runs written by `envace traces export "
-                         "--format langsmith` (LangSmith dataset examples)")] = "log",
+                         "--format langsmith` (LangSmith dataset examples); atif: ATIF trajectories, a .json file "
+                         "holding one or a list, or JSONL, one a line (extra `atif`)")] = "log",
     servers: Annotated[Optional[Path], typer.Option(
         "--servers", "-s", exists=True, dir_okay=False, callback=_servers_file,
         help="mcpServers JSON file of the servers the log's tools are on (their catalog; --mutate replays on them)")] = None,
@@ -185,9 +186,9 @@ def traces_import(
     from envace_mcp.traces.importing import load_catalog, read_log
     from envace_mcp.traces.mutating import mutate_calls
 
-    if format == "langsmith":
-        _import_examples(log, out, given=[name for name, value in (("--servers", servers), ("--catalog", catalog),
-                                                                  ("--mutate", mutate)) if value])
+    if format != "log":
+        _import_runs(log, out, format, given=[name for name, value in (("--servers", servers), ("--catalog", catalog),
+                                                                      ("--mutate", mutate)) if value])
         return
     if (servers is None) == (catalog is None):
         _fail(UserError("give the tools' catalog one way: --servers CONFIG.json (live servers) or --catalog FILE "
@@ -232,16 +233,19 @@ def traces_import(
         console.print(safe(line), soft_wrap=True)  # one line each, however long: the terminal folds it
 
 
-def _import_examples(path: Path, out: Path, given: list[str]) -> None:
-    """`envace traces import FILE --format langsmith`: the runs of a LangSmith examples file, appended to `out`."""
+def _import_runs(path: Path, out: Path, format: str, given: list[str]) -> None:
+    """`envace traces import FILE --format langsmith|atif`: the runs of a LangSmith examples file or of ATIF
+    trajectories, appended to `out`."""
     from envace_mcp.traces import TraceStore
+    from envace_mcp.traces.atif import read_atif
     from envace_mcp.traces.langsmith import read_examples
 
     if given:
-        _fail(UserError(f"{', '.join(given)}: a LangSmith examples file carries its own catalog (inputs.tools); "
-                        "import it with --format langsmith and --out alone"))
+        where = "inputs.tools" if format == "langsmith" else "agent.tool_definitions"
+        _fail(UserError(f"{', '.join(given)}: a {format} file carries its own catalog ({where}); import it with "
+                        f"--format {format} and --out alone"))
     try:
-        traces, summary = read_examples(path)
+        traces, summary = (read_examples if format == "langsmith" else read_atif)(path)
     except EnvaceError as exc:
         _fail(exc)
     store = TraceStore(out)
@@ -255,31 +259,34 @@ def _import_examples(path: Path, out: Path, given: list[str]) -> None:
 @traces_app.command("export")
 def traces_export(
     directory: TracesDir,
-    format: Annotated[Literal["otel", "langsmith"], typer.Option(
+    format: Annotated[Literal["otel", "langsmith", "atif"], typer.Option(
         "--format", help="otel: OpenTelemetry GenAI spans to an OTLP endpoint; langsmith: one LangSmith dataset "
-                         "example per run, to a JSONL file (--out)")] = "otel",
+                         "example per run, to a JSONL file (--out); atif: one ATIF v1.8 trajectory per run, to a "
+                         "JSONL file (--out; extra `atif`)")] = "otel",
     otlp: Annotated[Optional[str], typer.Option(
         metavar="URL", help="OTLP/HTTP endpoint: a collector's http://HOST:4318 (/v1/traces is added) or its full "
                             "traces URL; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
                             "(headers from OTEL_EXPORTER_OTLP_HEADERS)")] = None,
-    out: Annotated[Optional[Path], typer.Option(dir_okay=False, help="--format langsmith: the JSONL file to write")] = None,
+    out: Annotated[Optional[Path], typer.Option(dir_okay=False, help="--format langsmith or atif: the JSONL file to "
+                                                                     "write")] = None,
     content: Annotated[bool, typer.Option(
         "--content", help="otel: also export prompts, completions, tool arguments and results, the gate's reasons "
                           "(opt-in content, as the GenAI conventions have it)")] = False,
     tokens: Annotated[bool, typer.Option(
-        "--tokens", help="langsmith: keep the generations' token ids and logprobs")] = False,
+        "--tokens", help="langsmith, atif: keep the generations' token ids and logprobs (atif: the act turns')")] = False,
     suite: Optional[str] = None,
     task: Optional[str] = None,
     status: Optional[str] = None,
 ) -> None:
-    """Recorded runs to an observability backend (OpenTelemetry) or a LangSmith dataset file (docs/traces.md)."""
+    """Recorded runs to an observability backend (OpenTelemetry), a LangSmith dataset file or ATIF
+    trajectories (docs/traces.md)."""
     import os
 
     if format == "otel":
         misplaced = [name for name, value in (("--out", out), ("--tokens", tokens)) if value]
         if misplaced:
-            _fail(UserError(f"{', '.join(misplaced)}: for --format langsmith; OpenTelemetry spans go to an OTLP "
-                            "endpoint (--otlp URL)"))
+            _fail(UserError(f"{', '.join(misplaced)}: for --format langsmith or atif; OpenTelemetry spans go to "
+                            "an OTLP endpoint (--otlp URL)"))
         if otlp is None and not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                                  or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
             _fail(UserError("where to? give --otlp URL (e.g. http://localhost:4318), or set "
@@ -287,10 +294,9 @@ def traces_export(
     else:
         misplaced = [name for name, value in (("--otlp", otlp), ("--content", content)) if value]
         if misplaced:
-            _fail(UserError(f"{', '.join(misplaced)}: for --format otel; a LangSmith examples file holds each "
-                            "run whole"))
+            _fail(UserError(f"{', '.join(misplaced)}: for --format otel; a {format} file holds each run whole"))
         if out is None:
-            _fail(UserError("--format langsmith writes a file: give --out FILE (e.g. runs.jsonl)"))
+            _fail(UserError(f"--format {format} writes a file: give --out FILE (e.g. runs.jsonl)"))
     store = _store(directory)
     traces = list(store.read(suite=suite, task=task, status=status))
     _report_problems(store)
@@ -305,11 +311,12 @@ def traces_export(
             where = otlp or "the endpoint in OTEL_EXPORTER_OTLP_*"
             console.print(safe(f"exported {spans} span(s) of {len(traces)} run(s) to {where}"), soft_wrap=True)
         else:
+            from envace_mcp.traces.atif import write_atif
             from envace_mcp.traces.langsmith import write_examples
 
             assert out is not None
             left_out: list[str] = []
-            count = write_examples(traces, out, tokens=tokens, skipped=left_out)
+            count = (write_examples if format == "langsmith" else write_atif)(traces, out, tokens=tokens, skipped=left_out)
             for why in left_out:
                 console.print(Text.assemble(("warning: ", "yellow"), safe(why)), soft_wrap=True)
             console.print(safe(f"wrote {count} run(s) to {out}"), soft_wrap=True)

@@ -1,7 +1,8 @@
 """Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
 rewards), stored crash-safely, read back for inspection and training, exported to OpenTelemetry
-backends and LangSmith datasets."""
+backends, LangSmith datasets and ATIF trajectories."""
 
+from envace_mcp.traces.atif import AtifSummary, read_atif, write_atif
 from envace_mcp.traces.importing import ImportSummary, load_catalog, read_log
 from envace_mcp.traces.langsmith import ExamplesSummary, read_examples, write_examples
 from envace_mcp.traces.mutating import MutationSummary, mutate_calls
@@ -30,9 +31,12 @@ __all__ = [
     "mutate_calls",
     "ImportSummary",
     "MutationSummary",
-    # to other tools: OpenTelemetry backends (extra `otel`), LangSmith datasets
+    # to other tools: OpenTelemetry backends (extra `otel`), LangSmith datasets, ATIF trajectories (extra `atif`)
     "export_otel",
     "write_examples",
     "read_examples",
     "ExamplesSummary",
+    "write_atif",
+    "read_atif",
+    "AtifSummary",
 ]

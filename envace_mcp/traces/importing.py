@@ -32,6 +32,7 @@ from typing import Any
 from envace_mcp.errors import UserError
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
 from envace_mcp.toolbox.result import ToolResult
+from envace_mcp.traces._jsonl import read_runs
 from envace_mcp.traces.schema import Step, Trace
 
 SHOWN = 5
@@ -74,11 +75,11 @@ class ImportSummary:
             lines.append(skipped_lines(self.skipped))
         if self.unknown_tools:
             lines.append(f"skipped {sum(self.unknown_tools.values())} call(s) to tools the catalog lacks: "
-                         f"{_names(self.unknown_tools)}")
+                         f"{counted_names(self.unknown_tools)}")
         return lines
 
 
-def _names(counts: Counter[str]) -> str:
+def counted_names(counts: Counter[str]) -> str:
     """`name (count)` for the most frequent few; a name from a log is cut, not trusted to be short."""
     shown = [f"{name if len(name) <= 60 else name[:59] + '…'} ({count})" for name, count in counts.most_common(SHOWN * 2)]
     more = f" and {len(counts) - len(shown)} more" if len(counts) > len(shown) else ""
@@ -123,27 +124,15 @@ def read_log(path: str | Path, catalog: ToolCatalog | Iterable[ToolSpec]) -> tup
     catalog = catalog if isinstance(catalog, ToolCatalog) else ToolCatalog(catalog)
     summary = ImportSummary(log=str(path))
     tools = catalog.to_dicts()
-    traces: list[Trace] = []
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below; opening is what may fail
-    except OSError as exc:
-        raise UserError(f"log {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-    with handle:
-        lines = 0
-        for number, raw in enumerate(handle, 1):
-            if not raw.strip():
-                continue
-            lines += 1
-            try:
-                episode = _episode(raw, f"{path.stem}:{number}")
-                trace = _trace(episode, catalog, tools, summary)
-            except _Skipped as exc:
-                summary.skipped.append((number, str(exc)))
-                continue
-            trace.metadata["source"] = f"{path.name}:{number}"
-            traces.append(trace)
+
+    def parse(raw: bytes, number: int) -> Trace:
+        trace = _trace(_episode(raw, f"{path.stem}:{number}"), catalog, tools, summary)
+        trace.metadata["source"] = f"{path.name}:{number}"
+        return trace
+
+    traces, summary.skipped = read_runs(path, parse, what="log")
     if not traces:
-        raise UserError(_why_nothing(path, lines, summary))
+        raise UserError(_why_nothing(path, len(summary.skipped), summary))
     return traces, summary
 
 
@@ -151,7 +140,7 @@ def _why_nothing(path: Path, lines: int, summary: ImportSummary) -> str:
     if not lines:
         return f"log {str(path)!r} is empty: one episode per line expected ({{\"task\": ..., \"calls\": [...]}})"
     number, why = summary.skipped[0]
-    unknown = f"; calls to tools the catalog lacks: {_names(summary.unknown_tools)}" if summary.unknown_tools else ""
+    unknown = f"; calls to tools the catalog lacks: {counted_names(summary.unknown_tools)}" if summary.unknown_tools else ""
     return f"log {str(path)!r}: no episode imported from its {lines} line(s) (line {number}: {why}{unknown})"
 
 
@@ -163,28 +152,33 @@ class _Episode:
     """`(tool, arguments, the call as logged)` in order."""
 
 
-def json_object(raw: bytes, what: str) -> dict[str, Any]:
-    """One line of a JSONL file as a JSON object (`what` it should be, for the message); a `ValueError`
-    saying in a few words why it is not one. Shared by the files runs are imported from."""
+def json_value(raw: bytes) -> Any:
+    """UTF-8 JSON text as its value; a `ValueError` saying in a few words why it is not one."""
     try:
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ValueError("not UTF-8 text") from None
     except RecursionError:
-        raise ValueError(_TOO_DEEP) from None
+        raise ValueError(TOO_DEEP) from None
     except ValueError as exc:
         raise ValueError(f"not JSON ({str(exc)[:80]})") from None
+
+
+def json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """One line of a JSONL file as a JSON object (`what` it should be, for the message); a `ValueError`
+    saying in a few words why it is not one. Shared by the files runs are imported from."""
+    data = json_value(raw)
     if not isinstance(data, dict):
         raise ValueError(f"a JSON {_kind(data)}, not {what}")
-    if _deeper_than(data, MAX_DEPTH):
-        raise ValueError(_TOO_DEEP)
+    if deeper_than(data, MAX_DEPTH):
+        raise ValueError(TOO_DEEP)
     return data
 
 
-_TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels"
+TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels"
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
+def deeper_than(value: Any, limit: int) -> bool:
     """Whether arrays and objects in `value` nest more than `limit` levels (walked with a list, not recursion:
     the value may be too deep for that)."""
     pending = [(value, 1)]
@@ -197,11 +191,12 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def skipped_lines(skipped: list[tuple[int, str]]) -> str:
-    """`skipped N line(s): line 2: why; ...` for a summary, the first `SHOWN` named."""
-    shown = "; ".join(f"line {number}: {why}" for number, why in skipped[:SHOWN])
+def skipped_lines(skipped: list[tuple[int, str]], unit: str = "line") -> str:
+    """`skipped N line(s): line 2: why; ...` for a summary, the first `SHOWN` named (`unit`: what the
+    numbers count, lines of a file or the entries of a list)."""
+    shown = "; ".join(f"{unit} {number}: {why}" for number, why in skipped[:SHOWN])
     more = f"; and {len(skipped) - SHOWN} more" if len(skipped) > SHOWN else ""
-    return f"skipped {len(skipped)} line(s): {shown}{more}"
+    return f"skipped {len(skipped)} {unit}(s): {shown}{more}"
 
 
 def _episode(raw: bytes, default_id: str) -> _Episode:
@@ -237,11 +232,11 @@ def _call(call: Any, number: int) -> tuple[str, Any, dict[str, Any]]:
         try:
             arguments = json.loads(arguments)
         except RecursionError:
-            raise _Skipped(f"{where}: 'arguments' {_TOO_DEEP}") from None
+            raise _Skipped(f"{where}: 'arguments' {TOO_DEEP}") from None
         except ValueError:
             raise _Skipped(f"{where}: 'arguments' is a string that is not JSON") from None
-        if _deeper_than(arguments, MAX_DEPTH):
-            raise _Skipped(f"{where}: 'arguments' {_TOO_DEEP}")
+        if deeper_than(arguments, MAX_DEPTH):
+            raise _Skipped(f"{where}: 'arguments' {TOO_DEEP}")
     if not isinstance(arguments, dict):
         raise _Skipped(f"{where}: 'arguments' must be an object, not a JSON {_kind(arguments)}")
     has = ("result" in call, "error" in call)
@@ -322,7 +317,7 @@ def _trace(episode: _Episode, catalog: ToolCatalog, tools: list[dict[str, Any]],
                           arguments=arguments, result=result.model_dump(mode="json")))
     summary.unknown_tools.update(unknown)
     if not steps:
-        raise _Skipped(f"no call to a tool the catalog has (only {_names(unknown)})")
+        raise _Skipped(f"no call to a tool the catalog has (only {counted_names(unknown)})")
     summary.episodes += 1
     summary.calls += len(steps)
     summary.errors += sum(bool(s.result and s.result["is_error"]) for s in steps)

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
+from envace_mcp.traces._jsonl import read_runs, why_invalid, write_runs
 from envace_mcp.traces.importing import SHOWN, json_object, skipped_lines
 from envace_mcp.traces.schema import Trace, read_trace
 
@@ -104,29 +102,7 @@ def write_examples(traces: Iterable[Trace], path: str | Path, *, tokens: bool = 
     """Write runs as LangSmith examples, one JSON object a line; returns how many. The file appears whole
     or not at all (written beside it, then renamed over it). A run that cannot be written as JSON (a
     tool's reply nested deeper than serialisation allows) is left out, and why is appended to `skipped`."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{str(path)!r} is a folder; give the examples file to write (e.g. runs.jsonl)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
-            for trace in traces:
-                try:
-                    line = json.dumps(to_example(trace, tokens=tokens), ensure_ascii=False)
-                except (ValueError, RecursionError) as exc:
-                    if skipped is not None:
-                        skipped.append(f"run {trace.run_id[:200]!r} left out: {str(exc)[:200]}")
-                    continue
-                fh.write(line + "\n")
-                count += 1
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return count
+    return write_runs(traces, path, lambda trace: to_example(trace, tokens=tokens), skipped=skipped)
 
 
 @dataclasses.dataclass
@@ -149,22 +125,9 @@ def read_examples(path: str | Path) -> tuple[list[Trace], ExamplesSummary]:
     """The runs of a LangSmith examples file (`write_examples`' shape) as traces. A malformed line, or a
     torn last one, is skipped and reported with its number; a file with no run at all is a `UserError`."""
     path = Path(path)
-    summary = ExamplesSummary(str(path))
-    traces: list[Trace] = []
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise UserError(f"examples file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-    with fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                traces.append(from_example(json_object(line, "an example object")))
-            except ValueError as exc:
-                torn = " (the file's last line, cut short)" if not line.endswith(b"\n") else ""
-                summary.skipped.append((number, f"{str(exc)[:200]}{torn}"))
-    summary.runs = len(traces)
+    traces, skipped = read_runs(path, lambda line, _: from_example(json_object(line, "an example object")),
+                                what="examples file")
+    summary = ExamplesSummary(str(path), len(traces), skipped)
     if not traces:
         why = "; ".join(f"line {n}: {w}" for n, w in summary.skipped[:SHOWN]) or "it is empty"
         raise UserError(f"no run to import from {str(path)!r}: {why}")
@@ -190,9 +153,4 @@ def from_example(example: dict[str, Any]) -> Trace:
     try:
         return read_trace(data)
     except Exception as exc:  # noqa: BLE001 - any shape of bad record is a reported line, never a crash
-        errors = getattr(exc, "errors", None)
-        if callable(errors):  # pydantic's: the first error names the field
-            first = errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise ValueError(f"not a trace: {where}: {first.get('msg')}") from None
-        raise ValueError(f"not a trace: {type(exc).__name__}: {exc}") from None
+        raise ValueError(f"not a trace: {why_invalid(exc)}") from None
