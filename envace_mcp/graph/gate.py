@@ -191,26 +191,32 @@ def limits_text(text: str, where: str) -> dict[str, Any]:
     return limits_settings(parse_text(text, RunLimits, where), where)
 
 
-def adapter_gate(adapter: str | Path | None) -> dict[str, Any]:
+def adapter_gate(adapter: Any) -> dict[str, Any]:
     """The gate settings an adapter folder recommends (`"gate"` in its `envace.json`, beside the prompt
-    formats), checked by `gate_settings`; {} when it recommends none. `envace demo`, `envace run` and
-    the served graph start from them; in Python: `GateConfig(**adapter_gate(folder))`. A setting outside
-    `ADAPTER_GATE_SETTINGS`, of the wrong type, or a torn file is a UserError naming the file."""
+    formats), checked by `gate_settings`; {} when it recommends none. `adapter`: the folder as a loaded
+    policy carries it (`policy.adapter.Adapter`), or its path before anything loads. `envace demo`,
+    `envace run` and the served graph start from them; in Python: `GateConfig(**adapter_gate(folder))`. A
+    setting outside `ADAPTER_GATE_SETTINGS`, of the wrong type, or a torn file is a UserError naming the file."""
+    from envace_mcp.policy.adapter import Adapter
     from envace_mcp.policy.tool_text import FORMAT_FILE, adapter_file
 
-    saved = adapter_file(adapter)
-    if "gate" not in saved:
+    if adapter is None:
         return {}
-    return gate_settings(saved["gate"], f"{Path(adapter) / FORMAT_FILE} (an adapter's recommendation)",  # type: ignore[arg-type]
-                         allowed=ADAPTER_GATE_SETTINGS)
+    if isinstance(adapter, Adapter):
+        path, recommended = adapter.path, adapter.gate
+    else:
+        path, recommended = Path(adapter), adapter_file(adapter).get("gate")
+    if recommended is None:
+        return {}
+    return gate_settings(recommended, f"{path / FORMAT_FILE} (an adapter's recommendation)", allowed=ADAPTER_GATE_SETTINGS)
 
 
 def policy_gate(policy: Any, **settings: Any) -> GateConfig:
     """The gate a run with `policy` starts from: GateConfig's defaults, then what the world model's adapter
-    recommends (`adapter_gate` of `policy.adapter_folder`: the rehearse adapter's, for `RolePolicies`),
-    then `settings`. What the graph, the drop-ins, `envace demo/run/eval` and the served graph all use
-    when no gate is given, so each measures and runs the same configuration."""
-    return build(GateConfig, adapter_gate(getattr(policy, "adapter_folder", None)), settings,
+    recommends (`adapter_gate` of `policy.adapter`, read when it loaded: the rehearse adapter's, for
+    `RolePolicies`), then `settings`. What the graph, the drop-ins, `envace demo/run/eval` and the served
+    graph all use when no gate is given, so each measures and runs the same configuration."""
+    return build(GateConfig, adapter_gate(getattr(policy, "adapter", None)), settings,
                  where="the gate settings")
 
 

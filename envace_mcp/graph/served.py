@@ -93,7 +93,7 @@ class ServedContext(EnvaceContext):
         """What the world model's adapter recommends (for a policy given as an object: its own adapter's,
         `policy_gate`), logged."""
         if self.policy is not None:
-            return adapter_gate(getattr(self.policy, "adapter_folder", None))
+            return adapter_gate(getattr(self.policy, "adapter", None))
         world = self.rehearse_adapter or default_adapter(self.model, self.adapter)
         recommended = adapter_gate(world)
         if recommended:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from envace_mcp.errors import UserError
@@ -52,6 +53,14 @@ class PromptPolicy(ABC):
 
     name: str = "policy"
     rehearse_format: RehearseFormat = "simulator"
+    adapter: Any = None
+    """The adapter folder its weights were loaded with, as read once (`adapter.Adapter`; `use_adapter`)."""
+    adapter_folder: str | None = None
+    """That folder's path."""
+    trust: Any = None
+    """Its world model's trust table (`trust.TrustTable`), re-checked when the adapter loaded."""
+    recall: Any = None
+    """Logged calls its rehearsals recall (`recall.CallLog`: the adapter's `recall.jsonl`, or set by hand)."""
 
     def __init__(self, *, sampling: SamplingParams | None = None, role_sampling: dict[Role, SamplingParams] | None = None):
         self.sampling = sampling or SamplingParams()
@@ -93,8 +102,23 @@ class PromptPolicy(ABC):
             issues=[ParseIssue(code="prompt_too_long", message=raw.refused)])  # a turn with no call
         return self._generation("act", raw, parsed, s)
 
+    def use_adapter(self, folder: Any) -> None:
+        """Carry what an adapter folder holds (`adapter.Adapter`, read when its weights loaded; None: no
+        adapter), in place of the last one's: its gate recommendation, trust table and recall log."""
+        self.adapter = folder
+        self.adapter_folder = str(folder.path) if folder is not None else None
+        self.trust = folder.trust if folder is not None else None
+        self.recall = folder.recall if folder is not None else None
+
+    def recalled(self, request: RehearseRequest) -> RehearseRequest:
+        """`request` with the logged calls most like it (`recall`), unless it brings its own."""
+        if self.recall is None or request.similar or request.tool is None:
+            return request
+        return replace(request, similar=self.recall.similar(request.call, request.tool))
+
     async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
         s = self._sampling("rehearse", sampling)
+        request = self.recalled(request)
         if self.rehearse_format == "inline":
             chat, tools = render_inline(request)
             raw, close = await self._continue("rehearse", chat, tools, s, reply_to=request.tool)

@@ -50,6 +50,11 @@ class RolePolicies:
         return bool(getattr(self.act_policy, "sampling_given", False) or getattr(self.rehearse_policy, "sampling_given", False))
 
     @property
+    def adapter(self) -> Any:
+        """The world model's adapter folder as read when it loaded (`policy.adapter.Adapter`)."""
+        return getattr(self.rehearse_policy, "adapter", None)
+
+    @property
     def adapter_folder(self) -> Any:
         """The world model's adapter: its envace.json says how far to trust its rehearsals."""
         return getattr(self.rehearse_policy, "adapter_folder", None)
@@ -58,6 +63,11 @@ class RolePolicies:
     def trust(self) -> Any:
         """The world model's trust table (`policy.trust.TrustTable`), read when its adapter loaded."""
         return getattr(self.rehearse_policy, "trust", None)
+
+    @property
+    def recall(self) -> Any:
+        """The logged calls the world model recalls (`policy.recall.CallLog`), read when its adapter loaded."""
+        return getattr(self.rehearse_policy, "recall", None)
 
     @property
     def rehearse_format(self) -> str | None:

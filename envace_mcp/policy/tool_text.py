@@ -141,9 +141,13 @@ def adapter_file(adapter: str | Path | None) -> dict[str, Any]:
 def adapter_formats(adapter: str | Path | None) -> dict[str, str]:
     """The prompt formats an adapter folder says it was trained on (only those it names); a value that is
     not a known format is a UserError naming the file."""
+    return formats_of(adapter_file(adapter), adapter)
+
+
+def formats_of(saved: dict[str, Any], adapter: str | Path | None) -> dict[str, str]:
+    """The prompt formats an `envace.json` object (`adapter_file`) names, checked as `adapter_formats` does."""
     from envace_mcp.errors import UserError
 
-    saved = adapter_file(adapter)
     for key, allowed in _FORMATS.items():
         if key in saved and saved[key] not in allowed:
             raise UserError(f"{Path(adapter) / FORMAT_FILE}: {key} must be one of {', '.join(allowed)}, "  # type: ignore[arg-type]

@@ -27,8 +27,8 @@ from envace_mcp.policy.constrained import CallConstraint, TokenText
 from envace_mcp.policy.prompts import ChatMessage
 from envace_mcp.policy.reply import ReplyConstraint
 from envace_mcp.policy.token_backend import TokenPolicy
-from envace_mcp.policy.trust import TrustTable, read_trust
-from envace_mcp.policy.tool_text import ToolFormat, adapter_formats
+from envace_mcp.policy.adapter import Adapter
+from envace_mcp.policy.tool_text import ToolFormat
 from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
 
 
@@ -87,10 +87,6 @@ class TransformersPolicy(TokenPolicy):
         self.constrain_calls = constrain_calls
         self.constrain_rehearsals = constrain_rehearsals
         self._token_text: TokenText | None = None
-        self.adapter_folder: str | Path | None = None
-        """The LoRA adapter folder the weights were loaded with: its envace.json recommends a gate."""
-        self.trust: TrustTable | None = None
-        """Its world model's trust table (`policy.trust`), read and re-checked once, when the adapter loaded."""
         self.model_source: str | None = None
         """What `from_pretrained` loaded ("embedded", a Hugging Face id or folder): where a second adapter
         (a world model, `roles.with_world_model`) is loaded again."""
@@ -118,13 +114,13 @@ class TransformersPolicy(TokenPolicy):
 
             kwargs.setdefault("name", f"{EMBEDDED_NAME} (embedded)")
             model = embedded_model_dir()
+        folder = Adapter.read(adapter)  # before the weights: a torn envace.json costs no load
         lm, tokenizer = load_model(model, adapter=adapter, dtype=dtype, device=device)
         lm.eval()
-        for key, value in adapter_formats(adapter).items():  # prompts as the adapter learned them, unless told otherwise
+        for key, value in (folder.formats if folder else {}).items():  # prompts as the adapter learned them, unless told otherwise
             kwargs.setdefault(key, value)
         policy = cls(lm, tokenizer, name=kwargs.pop("name", str(model)), **kwargs)
-        policy.adapter_folder = adapter
-        policy.trust = read_trust(adapter)
+        policy.use_adapter(folder)
         policy.model_source = source
         return policy
 

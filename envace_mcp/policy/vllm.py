@@ -29,9 +29,8 @@ from envace_mcp.engine.turns import eos_ids as turn_end_ids
 from envace_mcp.errors import BackendError, UserError
 from envace_mcp._redact import redact
 from envace_mcp.policy._server import ServerClient
+from envace_mcp.policy.adapter import Adapter
 from envace_mcp.policy.token_backend import TokenPolicy
-from envace_mcp.policy.tool_text import adapter_formats
-from envace_mcp.policy.trust import read_trust
 from envace_mcp.policy.types import RawCompletion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -107,13 +106,14 @@ class VLLMPolicy(TokenPolicy):
                             f"{', '.join(repr(m['id']) for m in served)}")
         if tokenizer is None or isinstance(tokenizer, (str, Path)):
             tokenizer = _tokenizer(tokenizer or entry.get("root") or wanted)
-        for key, value in adapter_formats(adapter).items():
+        folder = Adapter.read(adapter)
+        for key, value in (folder.formats if folder else {}).items():
             kwargs.setdefault(key, value)
         if isinstance(entry.get("max_model_len"), int):  # what the server takes; a longer request is not sent
             kwargs.setdefault("context_window", entry["max_model_len"])
         policy = cls(url, tokenizer, model=wanted, **kwargs)
         if adapter is not None:
-            policy.load_adapter(adapter, formats=False)  # its formats are in kwargs, unless given there
+            policy.load_adapter(adapter, formats=False, read=folder)  # its formats are in kwargs, unless given there
         return policy
 
     # ------------------------------------------------------------------ generation
@@ -159,7 +159,7 @@ class VLLMPolicy(TokenPolicy):
     # ------------------------------------------------------------------ adapters
 
     def load_adapter(self, folder: str | Path, name: str | None = None, *, formats: bool = True,
-                     pause: bool = True) -> str:
+                     pause: bool = True, read: Adapter | None = None) -> str:
         """Hot-load a LoRA adapter folder into the server (in place, under a versioned name) and send
         later requests to it; returns the name. With `formats`, prompts follow the formats its
         `envace.json` records (as `from_url` does). The server must run with `--enable-lora` and
@@ -167,7 +167,9 @@ class VLLMPolicy(TokenPolicy):
 
         With `pause`, generation is paused around the swap (`/pause?mode=wait`: requests in flight
         finish on the old weights, new ones wait for the new) where the server has vLLM's RL routes
-        (`VLLM_SERVER_DEV_MODE=1`); on a server without them (404) the swap happens live."""
+        (`VLLM_SERVER_DEV_MODE=1`); on a server without them (404) the swap happens live. `read`: the
+        folder as `Adapter.read` already read it."""
+        read = read or Adapter.read(folder)
         self.weight_version += 1
         name = name or adapter_name(folder, self.weight_version)
         paused = pause and self._pause()
@@ -179,10 +181,9 @@ class VLLMPolicy(TokenPolicy):
             if paused:
                 self.client.request_sync("POST", "/resume", root=True)
         self.model = name
-        for key, value in (adapter_formats(folder) if formats else {}).items():
+        for key, value in (read.formats if formats and read else {}).items():
             setattr(self, key, value)
-        self.adapter_folder = folder
-        self.trust = read_trust(folder)  # a new adapter's own table (or none): never the last one's
+        self.use_adapter(read)  # a new adapter's own table and log (or none): never the last one's
         return name
 
     def _pause(self) -> bool:

@@ -1,0 +1,44 @@
+"""An adapter folder as the library uses it, read once when a policy loads it and carried by the policy
+(`policy.adapter`), so nothing downstream — the gate, the graph, the CLI — reads the folder again.
+
+    folder = Adapter.read("runs/wm")
+    folder.formats   # the prompt formats it learned (envace.json: tool_format, rehearse_format)
+    folder.gate      # the gate settings it recommends (envace.json "gate"; graph.gate.adapter_gate checks them)
+    folder.trust     # its world model's trust table, re-checked (trust.json; policy.trust.read_trust)
+    folder.recall    # the logged calls its rehearsals recall (recall.jsonl; policy.recall.CallLog)
+
+Each part is read as untrusted input by its own reader: a torn envace.json is a UserError naming it, a trust
+table is re-checked against the weights beside it, a recall file is bounded and skips bad lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envace_mcp.policy.recall import CallLog
+from envace_mcp.policy.tool_text import adapter_file, formats_of
+from envace_mcp.policy.trust import TrustTable, read_trust
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """What an adapter folder holds besides its weights."""
+
+    path: Path
+    formats: dict[str, str] = field(default_factory=dict)
+    gate: Any = None
+    """As written (None: it recommends none); checked against what an adapter may recommend where a gate is
+    built (`graph.gate.adapter_gate`)."""
+    trust: TrustTable | None = None
+    recall: CallLog | None = None
+
+    @classmethod
+    def read(cls, folder: str | Path | None) -> Adapter | None:
+        """The folder's parts (None for no folder); a folder without an envace.json has no formats and
+        recommends no gate."""
+        if folder is None:
+            return None
+        saved = adapter_file(folder)
+        return cls(Path(folder), formats_of(saved, folder), saved.get("gate"), read_trust(folder), CallLog.read(folder))
