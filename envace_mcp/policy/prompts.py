@@ -23,7 +23,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from envace_mcp.policy.tool_text import OUTPUT_KEY, ToolFormat, compact_block, native
-from envace_mcp.policy.types import ActRequest, CritiqueRequest, RehearseRequest
+from envace_mcp.policy.types import ActRequest, CritiqueRequest, Example, RehearseRequest
 from envace_mcp.toolbox import ToolSpec
 
 ChatMessage = dict[str, Any]
@@ -312,9 +312,13 @@ def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
     else:
         target = [f"Name: {call.name}", "Input schema: <unknown: not in the allowed tools>"]
     target.append(f"Arguments: {_dumps(call.arguments)}")
+    logged = (f"## Logged calls of {call.name} in other tasks (how this server answered calls like this one)\n"
+              + "\n\n".join(f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>"
+                            f"{clip_output(e.result)}</execution_result>" for e in request.similar) + "\n\n"
+              if request.similar else "")
     user = (
         f"## Allowed tools\n{allowed}\n\n"
-        f"## Real calls earlier in this task (examples)\n{examples}\n\n"
+        f"## Real calls earlier in this task (examples)\n{examples}\n\n{logged}"
         f"## Conversation so far\n{serialise_history(observations_only(request.history))}\n\n"
         f"## Latest assistant message\n{request.act_message or tool_call_text(call.name, call.arguments)}\n\n"
         "## Tool call to simulate\n" + "\n".join(target)
@@ -355,8 +359,21 @@ def render_inline(request: RehearseRequest) -> tuple[list[ChatMessage], list[dic
     text = request.act_message.split("<tool_call>")[0].rstrip("\n") if request.act_message else ""
     turn = AIMessage(content=text, tool_calls=[{"name": call.name, "args": call.arguments if isinstance(call.arguments, dict)
                                                  else {"__raw__": call.arguments}, "id": call.id, "type": "tool_call"}])
+    if request.similar:
+        chat.append({"role": "user", "content": logged_calls(call.name, request.similar)})
     chat += to_chat([turn, ToolMessage(content=TOOL_TURN_SLOT, tool_call_id=call.id, name=call.name)])
     return chat, tools
+
+
+LOGGED_HEADER = "# Logged calls of {tool}\nHow this server answered calls like the next one in other tasks (from its logs):\n"
+
+
+def logged_calls(tool: str, similar: list[Example]) -> str:
+    """Recalled calls (`RehearseRequest.similar`) as the user-side message an inline rehearsal sees just
+    before the call it predicts: each call and its reply in the text protocol of the conversation."""
+    return LOGGED_HEADER.format(tool=tool) + "\n".join(
+        f"{tool_call_text(e.tool, e.arguments)}\n<tool_response>\n"
+        f"{clip_output(e.result)}\n</tool_response>" for e in similar)
 
 
 def inline_prompt(rendered: str, ends: tuple[str, ...] = ("<|im_end|>",)) -> tuple[str, str]:

@@ -87,6 +87,7 @@ class TokenPolicy(PromptPolicy):
         what a world model is trained on with the real reply as the target."""
         from envace_mcp.policy.prompts import render_inline, render_rehearse
 
+        request = self.recalled(request)
         if self.rehearse_format == "inline":
             prompt, close = inline_prompt(self.render(*render_inline(request)), self.end_texts)
             return self.encode(prompt), close

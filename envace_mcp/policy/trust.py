@@ -9,7 +9,8 @@
      "weights": "9ab2…", "measured_on": {...}, "bars": {...}}
 
 What a tool may earn, each by the bars below and only where the model beat its floors (the status
-accuracy of "always succeeds" and of the majority status the training calls had):
+accuracy of "always succeeds", of the majority status the training calls had and, for a world model that
+recalls logged calls, of the status of the logged call most like each one):
 
 - `believe_failures`: a predicted failure at P(error) ≥ `min_p_error` may stop a call (the gate's block
   and feedback): the threshold is the lowest at which its held-out stops were precise enough;
@@ -170,7 +171,8 @@ def _count(value: Any) -> int:
 
 def bars() -> dict[str, Any]:
     """The bars `earned` holds tools to, as written beside a trust table."""
-    return {"floor": "status accuracy above both floors (always succeeds; the training calls' majority status)",
+    return {"floor": "status accuracy above every floor (always succeeds; the training calls' majority status; "
+                     "the nearest logged call's status, where the world model recalls a log)",
             "believe_failures": f"the lowest P(error) at which at least {MIN_STOPS} held-out calls were stopped, "
                                 f"at least {STOP_PRECISION:.0%} of them real failures",
             "skip_approval": f"at least {MIN_SUCCESSES} predicted successes, of which at least {SKIP_PRECISION:.0%} "
@@ -179,14 +181,19 @@ def bars() -> dict[str, Any]:
 
 
 def weights_digest(folder: str | Path) -> str | None:
-    """The digest of an adapter folder's weights (`WEIGHTS_FILE`), None where it has none."""
+    """The digest of an adapter folder's weights (`WEIGHTS_FILE`) and of the log its rehearsals recall
+    (`recall.jsonl`, where it has one: the figures were measured with it), None where it has no weights."""
+    from envace_mcp.policy.recall import RECALL_FILE
+
     path = Path(folder) / WEIGHTS_FILE
     if not path.is_file():
         return None
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for part in (path, Path(folder) / RECALL_FILE):
+        if part == path or part.is_file():
+            with part.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
     return digest.hexdigest()[:32]
 
 

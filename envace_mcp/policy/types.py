@@ -222,6 +222,9 @@ class RehearseRequest:
     act_message: str = ""
     """The act role's latest raw message."""
     examples: list[Example] = field(default_factory=list)
+    similar: list[Example] = field(default_factory=list)
+    """Logged calls of the same tool from other runs, most like this one first (`recall.CallLog`): how this
+    server answered calls like it."""
     context: ActRequest | None = None
     """The act role's request of the turn that proposed the call (inline rehearsal continues it, memory
     included); `None`: derived from `history` (the first human message is the task)."""

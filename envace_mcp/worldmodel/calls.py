@@ -15,11 +15,12 @@ import hashlib
 import json
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
+from envace_mcp.policy.recall import REPLY_CHARS, CallLog, Logged
 from envace_mcp.policy.types import Example, RehearseRequest, ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
 from envace_mcp.toolbox.catalog import bound_tool
@@ -151,3 +152,17 @@ def first_calls(calls: list[Observed], episodes: list[str], limit: int | None) -
             break
         out += by_episode.get(episode, [])
     return out
+
+
+def call_log(calls: Iterable[Observed], source: str | None = None) -> CallLog:
+    """`calls` as the logged calls a world model recalls (`policy.recall.CallLog`), each tagged with its run."""
+    return CallLog((Logged(c.tool, c.request.call.arguments if isinstance(c.request.call.arguments, dict) else {},
+                           ToolResult.text_of(c.result)[:REPLY_CHARS], c.failed, c.spec.server or None, c.episode)
+                    for c in calls), source=source)
+
+
+def with_similar(call: Observed, log: CallLog | None) -> RehearseRequest:
+    """The call's rehearse request with the logged calls most like it, never from its own run."""
+    if log is None:
+        return call.request
+    return replace(call.request, similar=log.similar(call.request.call, call.spec, exclude=call.episode))

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
-from envace_mcp.worldmodel.calls import Observed, call_digest, first_calls, observed_calls, split_episodes
+from envace_mcp.policy.recall import CallLog
+from envace_mcp.worldmodel.calls import (
+    Observed,
+    call_digest,
+    call_log,
+    first_calls,
+    observed_calls,
+    split_episodes,
+    with_similar,
+)
 from envace_mcp.worldmodel.measure import finite, majority_of, report, score_calls
 
 FAILURE_SHARE = 0.25
@@ -75,9 +84,10 @@ def failure_copies(calls: list[Observed]) -> int:
     return max(1, min(FAILURE_COPIES, math.ceil(wanted)))
 
 
-def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
+def training_rows(policy: Any, calls: list[Observed], log: CallLog | None = None) -> tuple[list[Any], int]:
     """SFT rows (rehearse prompt → the real reply, closed as the template closes a tool turn) and how many
-    calls were left out because prompt and reply do not fit the model's context."""
+    calls were left out because prompt and reply do not fit the model's context. With a `log`, each prompt
+    recalls the logged calls most like its call from the other runs, as the fitted model will."""
     from envace_mcp.train.rows import Segment
     from envace_mcp.train.sft import reply_target, target_encoding
 
@@ -85,7 +95,7 @@ def training_rows(policy: Any, calls: list[Observed]) -> tuple[list[Any], int]:
     rows, too_long = [], 0
     copies = failure_copies(calls)
     for call in calls:
-        prompt, close = policy.rehearse_prompt(call.request)
+        prompt, close = policy.rehearse_prompt(with_similar(call, log))
         target = encode(reply_target(call.result, policy.rehearse_format, close)) + [end]
         if policy.context_window is not None and len(prompt) + len(target) > policy.context_window:
             too_long += 1
@@ -113,11 +123,14 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
 
 def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapter: str | Path | None = None,
         settings: Any = None, holdout: float = 0.2, seed: int = 0, max_calls: int | None = None,
-        on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
+        recall: bool = False, on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Train the rehearse role of `model` (None: the embedded SmolLM2) on the real replies of the training
     runs in `traces`, as LoRA (over `adapter` when given, continuing it), save it to `out` and measure it on
     the held-out runs; returns the report (also written to `out`, with the trust table). `settings`: an
-    `SFTConfig` (epochs, lr, rank, batch; its `roles` are set to the rehearse role)."""
+    `SFTConfig` (epochs, lr, rank, batch; its `roles` are set to the rehearse role). `recall`: the training
+    calls go into the folder as the log its rehearsals recall (`recall.jsonl`), and it learns with them —
+    off by default: on inventory it foresaw far more failures but scored below the fit without it, copying
+    the recalled calls' values into its replies (docs/evidence.md, "Recall")."""
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
@@ -134,7 +147,8 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
     formats = {**DEFAULT_FORMATS, **adapter_formats(adapter)}
     lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True, dtype="checkpoint")
     policy = TransformersPolicy(lm, tokenizer, name=str(model or "embedded"), **formats)
-    rows, too_long = training_rows(policy, train)
+    log = call_log(train) if recall else None
+    rows, too_long = training_rows(policy, train, log)
     if not rows:
         raise UserError(f"none of the {len(train)} training calls fits the model's context with its reply")
     steps = settings.epochs * steps_per_epoch(rows, settings)
@@ -147,11 +161,14 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
         lm = train_sft(lm, rows, tokenizer.pad_token_id or 0, settings, out=out, on_step=step)
     write_adapter_format(out, formats["tool_format"], formats["rehearse_format"])
     tokenizer.save_pretrained(out)
+    if log is not None:
+        log.write(out)
     measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
-                "skipped_too_long": too_long, "unknown_tools": unknown, "failure_copies": failure_copies(train),
+                "skipped_too_long": too_long, "recalls": len(log) if log is not None else 0, "unknown_tools": unknown, "failure_copies": failure_copies(train),
                 "training": settings.model_dump(mode="json", exclude={"performance", "model", "adapter"})}
     (out / FIT_FILE).write_text(json.dumps(measured, indent=1, ensure_ascii=False) + "\n")  # before measuring: a report needs it
     fitted = TransformersPolicy(lm, tokenizer, name=f"world model {out}", **formats)
+    fitted.recall = log
     result = measure(fitted, held, label="held-out calls", majority=how["training_majority"])
     skipped = write_report(out, result, {k: v for k, v in measured.items() if k not in ("trained_calls", "training_majority")},
                            weights=out)

@@ -6,7 +6,9 @@ and scores the real reply teacher-forced. Per tool and overall:
 
 - `status_accuracy` (with its 95 % interval): the predicted status (error or result) is the real one; an
   unusable or unknown rehearsal is wrong. Its `floors`: `always_succeeds` (a predictor that says every
-  call succeeds) and `majority` (each tool's majority status in the training calls, where known);
+  call succeeds), `majority` (each tool's majority status in the training calls, where known) and, when
+  the world model recalls logged calls (`policy.recall`), `nearest_call` (the status of the logged call
+  most like it: what the log alone predicts);
 - `failure_precision` / `failure_recall`: predicted failures that were real failures / real failures
   that were predicted (None where there was nothing to divide by); `stop_curve`: the same at each P(error)
   threshold, what the trust table's `min_p_error` is chosen from; `calibration`: the reliability of
@@ -33,7 +35,7 @@ from typing import Any
 
 from envace_mcp.policy.fidelity import copy_split, field_split
 from envace_mcp.policy.trust import THRESHOLDS, earned
-from envace_mcp.worldmodel.calls import Observed
+from envace_mcp.worldmodel.calls import Observed, with_similar
 
 KINDS = {"echoed": "echoed", "read": "seen", "computed": "new"}
 """Report names of `fidelity.field_split`'s kinds."""
@@ -62,6 +64,9 @@ class Scored:
     """`fidelity.copy_split`: what the trivial copying predictor gets right of the same reply."""
     identity: tuple[str, str] = ("", "")
     """(server, `ToolSpec.behaviour`) of the tool called."""
+    nearest_failed: bool | None = None
+    """Whether the logged call most like it failed (no logged call of the tool: it succeeds); None without
+    a log to recall from."""
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -129,11 +134,14 @@ def summarise(scored: list[Scored], majority: dict[str, bool] | None = None) -> 
     fields, floor = _fields(scored, "fields"), _fields(scored, "floor_fields")
     tokens = sum(s.tokens for s in scored)
     majority_right = (sum(majority.get(s.tool, False) == s.failed for s in scored) if majority is not None else None)
+    recalled = [s for s in scored if s.nearest_failed is not None]
+    nearest = _ratio(sum(s.nearest_failed == s.failed for s in recalled), n) if recalled and len(recalled) == n else None
     return {
         "calls": n, "failures": failed,
         "status_accuracy": _ratio(right, n), "status_interval": wilson(right, n),
         "floors": {"always_succeeds": _ratio(n - failed, n),
-                   "majority": _ratio(majority_right, n) if majority_right is not None else None},
+                   "majority": _ratio(majority_right, n) if majority_right is not None else None,
+                   **({"nearest_call": nearest} if nearest is not None else {})},
         "failure_precision": _ratio(sum(s.failed for s in said_fail), len(said_fail)),
         "failure_recall": _ratio(sum(s.failed for s in said_fail), failed),
         "success_precision": _ratio(sum(not s.failed for s in said_ok), len(said_ok)),
@@ -198,8 +206,10 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
         async with slots:
             return await measured(call)
 
+    log = getattr(policy, "recall", None)
+
     async def measured(call: Observed) -> Scored:
-        generation = await policy.rehearse(call.request, sampling)
+        generation = await policy.rehearse(with_similar(call, log), sampling)
         prediction = generation.parsed
         predicted = prediction.status if prediction is not None else "invalid"
         fields: dict[str, int] = {}
@@ -215,9 +225,19 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
             on_call()
         return Scored(call.tool, call.failed, predicted, call.episode, call.index, fields, -sum(logprobs), len(target),
                       generation.text or "", prediction.p_error if prediction is not None else None,
-                      prediction.code if prediction is not None else None, floor, (call.spec.server, call.spec.behaviour))
+                      prediction.code if prediction is not None else None, floor, (call.spec.server, call.spec.behaviour),
+                      nearest_of(call, log))
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+def nearest_of(call: Observed, log: Any) -> bool | None:
+    """The nearest-call floor's prediction: whether the logged call most like `call` (never from its run)
+    failed; a tool with no logged call succeeds. None without a log."""
+    if log is None:
+        return None
+    nearest = log.nearest(call.request.call, call.spec.server or None, k=1, exclude=call.episode)
+    return bool(nearest and nearest[0].failed)
 
 
 def finite(value: Any) -> Any:

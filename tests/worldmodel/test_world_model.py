@@ -136,6 +136,42 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
     assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
 
 
+def test_a_fitted_world_model_recalls_its_training_calls_and_its_trust_is_bound_to_them(fitted, bank_calls, tiny_qwen3_dir,
+                                                                                         tmp_path):
+    """The fit keeps its training calls as the log its rehearsals recall (recall.jsonl): never a held-out run's,
+    carried by the loaded policy, measured beside what the log alone predicts, and part of what the trust
+    table is bound to (a log changed afterwards is not the one that was measured)."""
+    import shutil
+
+    from envace_mcp.policy import load_policy
+    from envace_mcp.policy.recall import CallLog
+
+    from envace_mcp.train.config import SFTConfig
+    from envace_mcp.worldmodel import fit
+
+    assert CallLog.read(fitted[0]) is None  # recall is off unless asked for (it scored below the fit without it)
+    out = tmp_path / "recalling"
+    fit(bank_calls, out, model=str(tiny_qwen3_dir), holdout=0.25, recall=True,
+        settings=SFTConfig(epochs=1, batch_size=4, lr=3e-3))
+    setup = json.loads((out / "fit.json").read_text())
+    log = CallLog.read(out)
+    assert log is not None and len(log) == setup["recalls"] == setup["training_calls"] and not log.skipped
+    assert {e.episode for e in log.entries()} == set(setup["trained_runs"])  # no held-out run is recalled
+    report = json.loads((out / "report.json").read_text())
+    assert all(f["floors"]["nearest_call"] is not None for f in [report["overall"], *report["tools"].values()])
+    policy = load_policy(str(tiny_qwen3_dir), adapter=str(out))
+    assert len(policy.recall) == len(log) and not policy.trust.notes
+    moved = shutil.copytree(out, tmp_path / "wm")
+    lines = (moved / "recall.jsonl").read_text().splitlines()
+    (moved / "recall.jsonl").write_text("\n".join(lines[1:]) + "\n")
+    written = json.loads((moved / "trust.json").read_text())
+    for entry in written["tools"].values():  # as if the tiny model had earned it: the log it recalls now differs
+        entry["believe_failures"] = True
+    (moved / "trust.json").write_text(json.dumps(written))
+    table = load_policy(str(tiny_qwen3_dir), adapter=str(moved)).trust
+    assert table.notes and "other weights" in table.notes[0] and not any(t.believe_failures for t in table.tools.values())
+
+
 def test_a_log_imported_again_is_not_measured_on_the_calls_it_trained(fitted, bank_calls, tiny_qwen3_dir, tmp_path):
     """From outside: importing the same log twice gave new run ids, and the report measured the world model
     on the very calls it trained on. Now a call whose content matches a training call is left out, and said."""
