@@ -119,6 +119,10 @@ def train_grpo_command(
     k: Annotated[int, typer.Option(min=2, help="online: runs per task (GRPO group size)")] = 4,
     mode: Annotated[Literal["simulated", "real", "mixed"], typer.Option(help="online: where tool results come from")] = "simulated",
     steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (over the config's; a longer run resumes)")] = None,
+    reward: Annotated[Optional[str], typer.Option(
+        help="offline, runs without a checker: train on outcomes (what the servers said), approvals (what the person "
+             "said), or both weighted, e.g. outcomes=1,approvals=2; runs lacking it are scored first and the reward "
+             "saved in the trace folder (docs/training.md, Train without a checker)")] = None,
     config: Annotated[Optional[list[str]], typer.Option(
         "--config", "-c", help="more settings (repeatable): a JSON file of GRPOConfig fields, or key=value pairs, e.g. "
                                "-c lr=1e-5,split=fit,experimental.kinds=[transfer_funds] (docs/training.md)")] = None,
@@ -130,9 +134,11 @@ def train_grpo_command(
     from envace_mcp.config import build
     from envace_mcp.train.config import GRPOConfig
 
+    layers = _config_layers(config, GRPOConfig)
+    scorer, scored = _reward(reward, traces, layers)
     try:
-        settings = build(GRPOConfig, *_config_layers(config, GRPOConfig), {"steps": steps} if steps else {},
-                         where="envace train grpo")
+        settings = build(GRPOConfig, *layers, {"steps": steps} if steps else {},
+                         {"reward": scored} if scored else {}, where="envace train grpo")
     except EnvaceError as exc:
         _fail(exc)
     if settings.adapter:
@@ -157,6 +163,8 @@ def train_grpo_command(
         from envace_mcp.train.config import refuse_unshaped, refuse_untrainable_act
 
         runs = list(_store(traces).read())  # read before the model loads, so runs GRPO cannot train fail first
+        if scorer is not None:
+            _score_runs(runs, scorer, scored, traces)
         try:
             refuse_untrainable_act(runs, settings)
             refuse_unshaped(runs, settings)
@@ -179,6 +187,38 @@ def train_grpo_command(
     if records:
         console.print(f"step {records[-1]['step']}: loss {records[-1]['loss']:.4f}, reward {records[-1]['reward']:.3f}; "
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
+
+
+def _reward(spec: str | None, traces: Path | None, layers: list[dict[str, Any]]) -> tuple[Any, str | None]:
+    """`--reward`'s reward function (`train.rewards.reward_from`) and the name it records, or `(None, None)`;
+    refused without --traces (online rollouts are scored by the suite's checker) or beside another
+    `-c reward=`."""
+    if spec is None:
+        return None, None
+    if traces is None:
+        _fail(ValueError("--reward scores recorded runs: it needs --traces (online rollouts are scored by the "
+                         "suite's checker)"))
+    from envace_mcp.train.rewards import reward_from, reward_name
+
+    try:
+        scorer = reward_from(spec)
+    except EnvaceError as exc:
+        _fail(exc)
+    name = reward_name(scorer)
+    named = [layer["reward"] for layer in layers if isinstance(layer, dict) and "reward" in layer]
+    if named and named[-1] != name:
+        _fail(ValueError(f"--reward {spec} trains on '{name}', and --config names reward '{named[-1]}': give one"))
+    return scorer, name
+
+
+def _score_runs(runs: list[Any], scorer: Any, name: str, traces: Path) -> None:
+    """Score the runs that lack the reward `name`, saved with them in the trace folder, and say so."""
+    from envace_mcp.train.rewards import score_missing
+
+    added = score_missing(runs, scorer, _store(traces))
+    unscored = sum(r.value is None for r in added)
+    console.print(f"scored {len(added)} of {len(runs)} runs with '{name}' (saved in {traces})"
+                  + (f"; {unscored} could not be scored" if unscored else ""))
 
 
 def _same_setup(out: Path, settings: Any, source: dict[str, Any]) -> None:

@@ -24,6 +24,12 @@ ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died
 """
 
 
+NOT_THE_SERVERS: frozenset[str] = frozenset({"invalid_arguments", "unknown_tool", "timeout", "server_died", "denied",
+                                             "tool_changed"})
+"""Error kinds the toolbox writes itself: no server answered (a world model learns nothing from them; a
+reward counts them as refusals, not as what a server said)."""
+
+
 class ToolResult(BaseModel):
     """What one tool call produced: content, structured content, and whether (and why) it failed.
 

@@ -178,7 +178,8 @@ class GRPOConfig(Settings):
     """Which roles carry loss: EnvACE trains both; ["act"] is the act-only ablation, ["rehearse"] trains
     the world model alone (runs of a chat model without sampling logprobs)."""
     reward: str = "task"
-    """The reward read from the traces (the bundled suites' checkers write "task")."""
+    """The reward read from the traces (the bundled suites' checkers write "task"; runs without a checker can
+    be scored from what the servers and the person said: `train.rewards`, `envace train grpo --reward`)."""
     steps: int = Field(default=10, ge=1)
     """Optimizer steps: a short run whose curves show whether anything moves; a real run sets it (a longer
     run resumes in the same folder)."""

@@ -23,13 +23,12 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from envace_mcp.policy.recall import REPLY_CHARS, CallLog, Logged
 from envace_mcp.policy.types import Example, RehearseRequest, ToolCall
 from envace_mcp.toolbox import ToolResult, ToolSpec
+from envace_mcp.toolbox.result import NOT_THE_SERVERS
 from envace_mcp.toolbox.catalog import bound_tool
 from envace_mcp.traces.schema import Trace
 
 EXAMPLES = 6
 """Earlier real calls shown to the simulator prompt, as the graph shows them (`calls.examples_from`)."""
-NOT_THE_SERVERS = frozenset({"invalid_arguments", "unknown_tool", "timeout", "server_died", "denied", "tool_changed"})
-"""Error kinds the toolbox writes itself (`ToolResult.error_kind`): no server answered."""
 
 
 @dataclass
