@@ -8,6 +8,7 @@ import pytest
 from envace_mcp.errors import UserError
 from envace_mcp.eval.evaluate import EvalConfig, _settings_key, finished_runs
 from envace_mcp.graph import GateConfig, RunLimits, policy_gate
+from envace_mcp.policy.adapter import Adapter
 from envace_mcp.policy.embedded import embedded_adapter
 from envace_mcp.policy.types import REHEARSE_MAX_NEW_TOKENS, run_sampling
 
@@ -23,8 +24,8 @@ def test_by_default_eval_measures_the_shipped_adapter_under_the_gate_it_recommen
 
 
 def test_what_a_run_in_python_starts_from_is_what_eval_measures():
-    class Shipped:  # a policy loaded with the shipped adapter says where its weights came from
-        adapter_folder = embedded_adapter()
+    class Shipped:  # a policy loaded with the shipped adapter carries its folder, read once
+        adapter = Adapter.read(embedded_adapter())
 
     assert policy_gate(Shipped()).model_copy(update={"require_approval": "never"}) == EvalConfig(suite="bank").gate_config()
     assert EvalConfig(suite="bank", adapter="none").gate_config() == GateConfig(require_approval="never")
