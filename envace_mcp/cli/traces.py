@@ -259,34 +259,37 @@ def _import_runs(path: Path, out: Path, format: str, given: list[str]) -> None:
 @traces_app.command("export")
 def traces_export(
     directory: TracesDir,
-    format: Annotated[Literal["otel", "langsmith", "atif"], typer.Option(
+    format: Annotated[Literal["otel", "langsmith", "atif", "trl"], typer.Option(
         "--format", help="otel: OpenTelemetry GenAI spans to an OTLP endpoint; langsmith: one LangSmith dataset "
                          "example per run, to a JSONL file (--out); atif: one ATIF v1.8 trajectory per run, to a "
-                         "JSONL file (--out; extra `atif`)")] = "otel",
+                         "JSONL file (--out; extra `atif`); trl: one row of TRL's conversational dataset with "
+                         "tools per run (messages, tools, the act turns' token ids and logprobs), to a JSONL file "
+                         "(--out)")] = "otel",
     otlp: Annotated[Optional[str], typer.Option(
         metavar="URL", help="OTLP/HTTP endpoint: a collector's http://HOST:4318 (/v1/traces is added) or its full "
                             "traces URL; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
                             "(headers from OTEL_EXPORTER_OTLP_HEADERS)")] = None,
-    out: Annotated[Optional[Path], typer.Option(dir_okay=False, help="--format langsmith or atif: the JSONL file to "
-                                                                     "write")] = None,
+    out: Annotated[Optional[Path], typer.Option(dir_okay=False, help="--format langsmith, atif or trl: the JSONL "
+                                                                     "file to write")] = None,
     content: Annotated[bool, typer.Option(
         "--content", help="otel: also export prompts, completions, tool arguments and results, the gate's reasons "
                           "(opt-in content, as the GenAI conventions have it)")] = False,
     tokens: Annotated[bool, typer.Option(
-        "--tokens", help="langsmith, atif: keep the generations' token ids and logprobs (atif: the act turns')")] = False,
+        "--tokens", help="langsmith, atif: keep the generations' token ids and logprobs (atif: the act turns'; "
+                         "trl rows always hold the act turns' where recorded)")] = False,
     suite: Optional[str] = None,
     task: Optional[str] = None,
     status: Optional[str] = None,
 ) -> None:
-    """Recorded runs to an observability backend (OpenTelemetry), a LangSmith dataset file or ATIF
-    trajectories (docs/traces.md)."""
+    """Recorded runs to an observability backend (OpenTelemetry), a LangSmith dataset file, ATIF
+    trajectories or TRL dataset rows (docs/traces.md)."""
     import os
 
     if format == "otel":
         misplaced = [name for name, value in (("--out", out), ("--tokens", tokens)) if value]
         if misplaced:
-            _fail(UserError(f"{', '.join(misplaced)}: for --format langsmith or atif; OpenTelemetry spans go to "
-                            "an OTLP endpoint (--otlp URL)"))
+            _fail(UserError(f"{', '.join(misplaced)}: for --format langsmith, atif or trl; OpenTelemetry spans "
+                            "go to an OTLP endpoint (--otlp URL)"))
         if otlp is None and not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                                  or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
             _fail(UserError("where to? give --otlp URL (e.g. http://localhost:4318), or set "
@@ -313,10 +316,15 @@ def traces_export(
         else:
             from envace_mcp.traces.atif import write_atif
             from envace_mcp.traces.langsmith import write_examples
+            from envace_mcp.traces.trl import write_trl
 
             assert out is not None
             left_out: list[str] = []
-            count = (write_examples if format == "langsmith" else write_atif)(traces, out, tokens=tokens, skipped=left_out)
+            if format == "trl":
+                count = write_trl(traces, out, skipped=left_out)
+            else:
+                count = (write_examples if format == "langsmith" else write_atif)(traces, out, tokens=tokens,
+                                                                                  skipped=left_out)
             for why in left_out:
                 console.print(Text.assemble(("warning: ", "yellow"), safe(why)), soft_wrap=True)
             console.print(safe(f"wrote {count} run(s) to {out}"), soft_wrap=True)

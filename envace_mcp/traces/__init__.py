@@ -1,6 +1,7 @@
 """Traces: every graph run recorded (prompts, tokens, logprobs, predictions, real results, decisions,
 rewards), stored crash-safely, read back for inspection and training, exported to OpenTelemetry
-backends, LangSmith datasets and ATIF trajectories."""
+backends, LangSmith datasets and ATIF trajectories. TRL dataset rows are in `traces.trl`, not imported
+here: they render with the policy's prompts, and the policy imports this package."""
 
 from envace_mcp.traces.atif import AtifSummary, read_atif, write_atif
 from envace_mcp.traces.importing import ImportSummary, load_catalog, read_log

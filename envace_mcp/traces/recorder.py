@@ -53,6 +53,9 @@ class TraceRecorder:
                     defaults["metadata"] = {"tool_format": prompts("tool_format")}
                 if prompts("rehearse_format"):
                     defaults["rehearse_format"] = prompts("rehearse_format")
+            instructions = getattr(context, "instructions", None)
+            if isinstance(instructions, str) and instructions.strip():  # part of the act system prompt (TRL rows)
+                defaults.setdefault("metadata", {})["instructions"] = instructions
         if "metadata" in fields:
             fields = {**fields, "metadata": {**defaults.get("metadata", {}), **fields["metadata"]}}
         defaults.update(fields)
