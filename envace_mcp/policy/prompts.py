@@ -298,12 +298,15 @@ def _schema(spec: ToolSpec) -> str:
     return _dumps(compact_schema(spec.input_schema))
 
 
+def _examples_text(examples: list[Example]) -> str:
+    """Real calls and their results as the simulator prompt shows them."""
+    return "\n\n".join(f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>"
+                       f"{clip_output(e.result)}</execution_result>" for e in examples)
+
+
 def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
     allowed = "\n".join(f"- {s.name}: {s.description}\n  input schema: {_schema(s)}" for s in request.allowed) or "<none>"
-    examples = "\n\n".join(
-        f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>{clip_output(e.result)}</execution_result>"
-        for e in request.examples
-    ) or "<unavailable>"
+    examples = _examples_text(request.examples) or "<unavailable>"
     call = request.call
     if request.tool is not None:
         target = [f"Name: {request.tool.name}", f"Input schema: {_schema(request.tool)}"]
@@ -313,9 +316,7 @@ def render_rehearse(request: RehearseRequest) -> list[ChatMessage]:
         target = [f"Name: {call.name}", "Input schema: <unknown: not in the allowed tools>"]
     target.append(f"Arguments: {_dumps(call.arguments)}")
     logged = (f"## Logged calls of {call.name} in other tasks (how this server answered calls like this one)\n"
-              + "\n\n".join(f"Call: {tool_call_text(e.tool, e.arguments)}\nResult: <execution_result>"
-                            f"{clip_output(e.result)}</execution_result>" for e in request.similar) + "\n\n"
-              if request.similar else "")
+              f"{_examples_text(request.similar)}\n\n" if request.similar else "")
     user = (
         f"## Allowed tools\n{allowed}\n\n"
         f"## Real calls earlier in this task (examples)\n{examples}\n\n{logged}"

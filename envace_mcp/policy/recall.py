@@ -1,7 +1,7 @@
 """Calls a world model recalls: the user's logged calls of each tool, so a rehearsal sees how this very
 server answered calls like the one it predicts — from the moment a log is imported, before any fit.
 
-    log = CallLog(entries)                      # or CallLog.read(folder), CallLog.from_traces(folder)
+    log = CallLog(entries)                      # or CallLog.read(folder); worldmodel.calls.call_log(calls)
     log.similar(call, tool, k=3)                -> the k logged calls of that tool most like `call`, as `Example`s
     log.write(folder)                           -> recall.jsonl, which a policy loaded with that adapter carries
 
@@ -102,12 +102,12 @@ class CallLog:
                 continue
             if server and entry.server and server != entry.server:
                 continue
-            ranked.append((likeness(leaves, theirs), order, entry))
+            ranked.append((likeness(leaves, theirs), order, entry, theirs))
         ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
         out: list[Logged] = []
-        seen: set[tuple[str, str]] = set()
-        for _, _, entry in ranked:
-            key = (json.dumps(entry.arguments, sort_keys=True, default=str), entry.reply)
+        seen: set[tuple[frozenset[tuple[str, str]], str]] = set()
+        for _, _, entry, theirs in ranked:
+            key = (frozenset(theirs.items()), entry.reply)  # its flattened arguments, already at hand
             if key in seen:  # the same call answered the same way teaches nothing twice
                 continue
             seen.add(key)
