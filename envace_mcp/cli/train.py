@@ -121,8 +121,13 @@ def train_grpo_command(
     steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (over the config's; a longer run resumes)")] = None,
     reward: Annotated[Optional[str], typer.Option(
         help="offline, runs without a checker: train on outcomes (what the servers said), approvals (what the person "
-             "said), or both weighted, e.g. outcomes=1,approvals=2; runs lacking it are scored first and the reward "
-             "saved in the trace folder (docs/training.md, Train without a checker)")] = None,
+             "said), judge:MODEL (a model ranking each task's runs: judge:embedded, a Hugging Face id or folder, or an "
+             "init_chat_model id such as judge:openai:gpt-4.1-mini), or several weighted, e.g. outcomes=1,judge:embedded=2; "
+             "runs lacking it are scored first and the reward saved in the trace folder (docs/training.md, Train "
+             "without a checker)")] = None,
+    rubric: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False,
+                                                   help="the judge's rubric, a text file to edit (default: the bundled "
+                                                        "judge_rubric.md)")] = None,
     config: Annotated[Optional[list[str]], typer.Option(
         "--config", "-c", help="more settings (repeatable): a JSON file of GRPOConfig fields, or key=value pairs, e.g. "
                                "-c lr=1e-5,split=fit,experimental.kinds=[transfer_funds] (docs/training.md)")] = None,
@@ -135,7 +140,7 @@ def train_grpo_command(
     from envace_mcp.train.config import GRPOConfig
 
     layers = _config_layers(config, GRPOConfig)
-    scorer, scored = _reward(reward, traces, layers)
+    scorer, scored = _reward(reward, traces, layers, rubric)
     try:
         settings = build(GRPOConfig, *layers, {"steps": steps} if steps else {},
                          {"reward": scored} if scored else {}, where="envace train grpo")
@@ -189,11 +194,14 @@ def train_grpo_command(
                       f"metrics in {out / 'metrics.jsonl'}, plot {out / 'metrics.png'}")
 
 
-def _reward(spec: str | None, traces: Path | None, layers: list[dict[str, Any]]) -> tuple[Any, str | None]:
+def _reward(spec: str | None, traces: Path | None, layers: list[dict[str, Any]],
+            rubric: Path | None = None) -> tuple[Any, str | None]:
     """`--reward`'s reward function (`train.rewards.reward_from`) and the name it records, or `(None, None)`;
     refused without --traces (online rollouts are scored by the suite's checker) or beside another
     `-c reward=`."""
     if spec is None:
+        if rubric is not None:
+            _fail(ValueError("--rubric is the judge's: give --reward judge:MODEL"))
         return None, None
     if traces is None:
         _fail(ValueError("--reward scores recorded runs: it needs --traces (online rollouts are scored by the "
@@ -201,7 +209,7 @@ def _reward(spec: str | None, traces: Path | None, layers: list[dict[str, Any]])
     from envace_mcp.train.rewards import reward_from, reward_name
 
     try:
-        scorer = reward_from(spec)
+        scorer = reward_from(spec, rubric=rubric)
     except EnvaceError as exc:
         _fail(exc)
     name = reward_name(scorer)
@@ -213,9 +221,17 @@ def _reward(spec: str | None, traces: Path | None, layers: list[dict[str, Any]])
 
 def _score_runs(runs: list[Any], scorer: Any, name: str, traces: Path) -> None:
     """Score the runs that lack the reward `name`, saved with them in the trace folder, and say so."""
+    from envace_mcp._progress import Progress
     from envace_mcp.train.rewards import score_missing
 
-    added = score_missing(runs, scorer, _store(traces))
+    lacking = sum(run.reward(name) is None for run in runs)
+    try:
+        with Progress(f"scoring runs with {name}", total=lacking) as progress:
+            added = score_missing(runs, scorer, _store(traces), on_scored=progress.advance)
+    except EnvaceError as exc:
+        _fail(exc)
+    finally:
+        getattr(scorer, "release", lambda: None)()  # a judge's model goes before the trainee's loads
     unscored = sum(r.value is None for r in added)
     console.print(f"scored {len(added)} of {len(runs)} runs with '{name}' (saved in {traces})"
                   + (f"; {unscored} could not be scored" if unscored else ""))

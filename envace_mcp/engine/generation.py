@@ -22,6 +22,8 @@ renders and encodes; see `envace_mcp.policy.transformers`).
 
 from __future__ import annotations
 
+import copy
+
 import collections
 import functools
 import threading
@@ -300,6 +302,26 @@ class Engine:
                 logits = logits / temperature
             lp = torch.log_softmax(logits, dim=-1)
             return lp.gather(-1, torch.tensor(completion_ids, device=device)[:, None]).squeeze(-1).tolist()
+
+    def next_token_logprobs(self, prefix_ids: list[int], suffixes: list[list[int]], candidates: list[int]) -> list[list[float]]:
+        """For each suffix, the logprobs (temperature 1, over the whole vocabulary) of `candidates` as the
+        token after `prefix_ids + suffix`: the shared prefix is run once and each suffix continues a copy
+        of its cache (a judge scoring each attempt of a group it read once)."""
+        from transformers import DynamicCache
+
+        with self._lock, torch.inference_mode():
+            device = next(self.model.parameters()).device
+            keep = torch.tensor(candidates, device=device)
+            prefix = DynamicCache(config=self.model.config)
+            self.model(input_ids=torch.tensor([prefix_ids], device=device), use_cache=True, logits_to_keep=1,
+                       **{self.cache_kw: prefix})
+            rows = []
+            for suffix in suffixes:
+                positions = torch.arange(len(prefix_ids), len(prefix_ids) + len(suffix), device=device)[None, :]
+                out = self.model(input_ids=torch.tensor([suffix], device=device), position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **{self.cache_kw: copy.deepcopy(prefix)})
+                rows.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1)[keep].tolist())
+            return rows
 
 
 @dataclass

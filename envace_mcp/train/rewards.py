@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
@@ -137,52 +138,85 @@ def preference_pairs(trace: Trace) -> list[PreferencePair]:
 
 
 REWARDS: dict[str, Callable[..., Verdict]] = {"outcomes": outcomes, "approvals": approvals}
-"""The rewards of a run without a checker, by name (`--reward`)."""
+"""The rewards of a run without a checker, by name (`--reward`); `judge:MODEL` is the third (`train.judge`)."""
 
 
 @dataclass(frozen=True)
 class Combined:
-    """The weighted mean of named rewards (`REWARDS`) over those that could score a run; None when none
-    could. `details["parts"]` holds each part's value (None: skipped), weight and details."""
+    """The weighted mean of rewards over those that could score a run; None when none could.
+    `details["parts"]` holds each part's value (None: skipped), weight and details; a part every run of
+    the group already carries (scored alone earlier) is read from the runs, not scored again. A group reward among
+    the parts (`judge:MODEL`) makes the combination one: `score_group` scores one task's runs together."""
 
-    weights: tuple[tuple[str, float], ...]
+    parts: tuple[tuple[str, float, Any], ...]
+
+    @property
+    def weights(self) -> tuple[tuple[str, float], ...]:
+        return tuple((name, weight) for name, weight, _ in self.parts)
 
     @property
     def name(self) -> str:
         """The reward's name in traces: `outcomes+approvals*2` (a weight of 1 unwritten)."""
         return "+".join(n if w == 1 else f"{n}*{w:g}" for n, w in self.weights)
 
+    def score_group(self, traces: Sequence[Trace]) -> list[Verdict]:
+        from envace_mcp.train.judge import group_verdicts
+
+        each = {name: (weight, _recorded(traces, name) or group_verdicts(fn, traces)) for name, weight, fn in self.parts}
+        verdicts: list[Verdict] = []
+        for i in range(len(traces)):
+            parts = {name: (w, *verdicts_[i]) for name, (w, verdicts_) in each.items()}
+            scored = [(w, v) for w, v, _ in parts.values() if v is not None]
+            total = sum(w for w, _ in scored)
+            value = sum(w * v for w, v in scored) / total if scored else None
+            verdicts.append((value, {"parts": {name: {"value": v, "weight": w, "details": d}
+                                               for name, (w, v, d) in parts.items()}}))
+        return verdicts
+
     def __call__(self, trace: Trace, final_state: Mapping[str, Any] | None = None) -> Verdict:
-        parts = {name: (weight, *REWARDS[name](trace, final_state)) for name, weight in self.weights}
-        scored = {name: (w, v) for name, (w, v, _) in parts.items() if v is not None}
-        total = sum(w for w, _ in scored.values())
-        value = sum(w * v for w, v in scored.values()) / total if scored else None
-        return value, {"parts": {name: {"value": v, "weight": w, "details": d} for name, (w, v, d) in parts.items()}}
+        return self.score_group([trace])[0]
+
+    def release(self) -> None:
+        for _, _, fn in self.parts:
+            getattr(fn, "release", lambda: None)()
 
 
-def combined(weights: Mapping[str, float]) -> Combined:
-    """`combined({"outcomes": 1.0, "approvals": 2.0})`: the weighted mean of the parts that could score."""
-    unknown = sorted(set(weights) - set(REWARDS))
+def _recorded(traces: Sequence[Trace], name: str) -> list[Verdict] | None:
+    """The part's verdicts where every run already carries them (a judge's are not asked for twice)."""
+    rewards = [trace.reward(name) for trace in traces]
+    return None if any(r is None for r in rewards) else [(r.value, r.details) for r in rewards]  # type: ignore[union-attr]
+
+
+def combined(weights: Mapping[str, float], *, rubric: str | Path | None = None) -> Combined:
+    """`combined({"outcomes": 1.0, "approvals": 2.0})`: the weighted mean of the parts that could score;
+    a `judge:MODEL` part is `train.judge.judge(MODEL, rubric=rubric)`."""
+    from envace_mcp.train.judge import judge
+
+    unknown = sorted(n for n in weights if n not in REWARDS and not n.startswith("judge:"))
     if unknown or not weights:
-        raise UserError(f"reward {', '.join(unknown) or '(none)'}: choose from {', '.join(REWARDS)}")
+        raise UserError(f"reward {', '.join(unknown) or '(none)'}: choose from {', '.join(REWARDS)}, judge:MODEL")
     bad = {n: w for n, w in weights.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0)}
     if bad:
         raise UserError(f"reward weights must be positive numbers: {bad}")
-    return Combined(tuple((name, float(w)) for name, w in weights.items()))
+    parts = [(float(w), REWARDS.get(name) or judge(name[len("judge:"):], rubric=rubric)) for name, w in weights.items()]
+    return Combined(tuple((reward_name(fn), w, fn) for w, fn in parts))
 
 
-def reward_from(spec: str) -> RewardFunction:
-    """The reward `--reward` names: `outcomes`, `approvals`, or several with optional weights,
-    `outcomes=1,approvals=2` (an unweighted part weighs 1); a single name is that reward itself."""
+def reward_from(spec: str, *, rubric: str | Path | None = None) -> RewardFunction:
+    """The reward `--reward` names: `outcomes`, `approvals`, `judge:MODEL`, or several with optional weights,
+    `outcomes=1,judge:embedded=2` (an unweighted part weighs 1); a single name is that reward itself.
+    `rubric`: the judge's rubric file."""
     weights: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, _, weight = item.partition("=")
+        name, _, weight = item.rpartition("=") if "=" in item else (item, "", "")
         try:
             weights[name.strip()] = float(weight) if weight.strip() else 1.0
         except ValueError:
             raise UserError(f"reward {item!r}: the weight after '=' must be a number") from None
-    fn = combined(weights)
-    return REWARDS[fn.weights[0][0]] if len(fn.weights) == 1 else fn
+    fn = combined(weights, rubric=rubric)
+    if rubric is not None and not any(name.startswith("judge:") for name in weights):
+        raise UserError("a rubric is the judge's: it needs a judge:MODEL reward")
+    return fn.parts[0][2] if len(fn.parts) == 1 else fn
 
 
 def reward_name(fn: RewardFunction) -> str:
@@ -190,20 +224,53 @@ def reward_name(fn: RewardFunction) -> str:
     return getattr(fn, "name", None) or getattr(fn, "__name__", "reward")
 
 
-def score_missing(runs: Iterable[Trace], fn: RewardFunction, store: Any) -> list[Reward]:
+def score_missing(runs: Iterable[Trace], fn: RewardFunction, store: Any, *,
+                  on_scored: Callable[[int], None] | None = None) -> list[Reward]:
     """Score each run that has no reward of `fn`'s name yet (a `None` one counts as had: it said "cannot
     score"), add the reward to the run, and save it with the run in `store` (`TraceStore.attach_reward`:
-    a reward line appended, the recorded run left as it was). Returns the rewards added."""
-    from envace_mcp._sync import run_sync
-
+    a reward line appended, the recorded run left as it was). A group reward (`judge:MODEL`) reads each
+    group lacking it whole (its runs by `group_id`; a run without one alone), and only the runs that
+    lacked it take the new verdict. `on_scored(n)`: n more runs scored (a progress bar). Returns the
+    rewards added."""
     name = reward_name(fn)
-    missing = [trace for trace in runs if trace.reward(name) is None]
+    runs = list(runs)
+    missing = {trace.run_id for trace in runs if trace.reward(name) is None}
+    groups: dict[str, list[Trace]] = {}
+    for trace in runs:
+        key = trace.group_id if trace.group_id is not None and hasattr(fn, "score_group") else f"run:{trace.run_id}"
+        groups.setdefault(key, []).append(trace)
+    added: list[Reward] = []
+    for group in groups.values():
+        lacking = [trace for trace in group if trace.run_id in missing]
+        if not lacking:
+            continue
+        for trace, verdict in zip(group, _verdicts(fn, group)):
+            if trace.run_id not in missing:
+                continue
+            value, details = verdict
+            reward = Reward(name=name, value=None if value is None else float(value), details=details)
+            trace.rewards.append(reward)
+            store.attach_reward(trace.run_id, reward)
+            added.append(reward)
+        if on_scored is not None:
+            on_scored(len(lacking))
+    return added
 
-    async def scored() -> None:
-        for trace in missing:
+
+def _verdicts(fn: RewardFunction, group: list[Trace]) -> list[Verdict]:
+    """`fn`'s verdicts on a group's runs (awaited where `fn` is a coroutine function, as `record_run` allows)."""
+    from envace_mcp._sync import run_sync
+    from envace_mcp.train.judge import group_verdicts
+
+    if hasattr(fn, "score_group"):
+        return group_verdicts(fn, group)
+
+    async def each() -> list[Verdict]:
+        out = []
+        for trace in group:
             await score(trace, {}, [fn])
+            reward = trace.rewards.pop()
+            out.append((reward.value, reward.details))
+        return out
 
-    run_sync(scored())
-    for trace in missing:
-        store.attach_reward(trace.run_id, trace.rewards[-1])
-    return [trace.rewards[-1] for trace in missing]
+    return run_sync(each())
