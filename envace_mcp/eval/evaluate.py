@@ -181,7 +181,11 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
     journal = _open_journal(out, settings)
     store = TraceStore(out / "traces")
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed)
-    sampling = role_sampling(params, settings.rehearse_max_new_tokens)
+
+    def sampling_of(repeat: int) -> dict[str, SamplingParams]:
+        """Repeat r samples with seed + r: a task's repeats differ where sampling does (temperature > 0;
+        one seed for all of them made K copies of one run), and each is reproducible alone."""
+        return role_sampling(params.model_copy(update={"seed": settings.seed + repeat}), settings.rehearse_max_new_tokens)
     policy = policy if policy is not None or settings.policy != "model" else load_model_policy(settings)
     judge = getattr(suite, "judge_required", lambda task: False)
     wanted = {(task.id, repeat) for task in tasks for repeat in range(settings.repeats)}
@@ -200,12 +204,12 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
                     try:
                         chosen = make_policy(settings, suite, task, policy)
                         if hasattr(suite, "run_one"):  # single-turn suites without a server (BFCL's AST)
-                            run = await suite.run_one(task, policy=chosen, sampling=sampling, store=store,
+                            run = await suite.run_one(task, policy=chosen, sampling=sampling_of(repeat), store=store,
                                                       group_id=task.id)
                         else:
                             run = await run_task(suite, task, policy=chosen, toolbox=toolbox, mode=settings.mode,
                                                  gate=gate, limits=settings.limits, rehearse_n=settings.rehearse, strategy=settings.strategy,
-                                                 sampling=sampling, store=store, group_id=task.id)
+                                                 sampling=sampling_of(repeat), store=store, group_id=task.id)
                         destructive = (suite.destructive_calls(task, run.trace)
                                        if hasattr(suite, "destructive_calls") and settings.mode == "real" else None)
                         record = run_record(run.trace, task, score=run.verdict.score, judge_required=judge(task),

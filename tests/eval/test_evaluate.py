@@ -97,6 +97,30 @@ async def test_a_crashing_run_is_recorded_as_failed_and_the_others_still_count(t
 
 
 @pytest.mark.anyio
+async def test_a_tasks_sampled_repeats_are_different_runs_each_reproducible_alone(tmp_path, tiny_model):
+    """Repeat r samples with seed + r: one seed for every repeat gave K copies of one run (no group
+    signal, a pass^k that measured nothing); the same seed again gives the same run."""
+    from envace_mcp.policy import load_policy
+
+    suite = get_suite("bank")
+    task = suite.split("test")[0]
+    policy = load_policy(str(tiny_model))
+    settings = dict(suite="bank", temperature=1.0, seed=5, max_new_tokens=12, gate={"rehearse": "none"},
+                    limits={"max_steps": 2})
+
+    def act_ids(folder):
+        runs = sorted(TraceStore(folder / "traces").read(), key=lambda t: t.sampling["act"]["seed"])
+        return [(t.sampling["act"]["seed"], [s.completion_ids for s in t.steps_of("act")]) for t in runs]
+
+    await evaluate(suite, [task], EvalConfig(repeats=3, **settings), out=tmp_path / "k3", policy=policy)
+    three = act_ids(tmp_path / "k3")
+    assert [seed for seed, _ in three] == [5, 6, 7]
+    assert len({json.dumps(ids) for _, ids in three}) == 3
+    await evaluate(suite, [task], EvalConfig(repeats=1, **{**settings, "seed": 6}), out=tmp_path / "again", policy=policy)
+    assert act_ids(tmp_path / "again") == [three[1]]
+
+
+@pytest.mark.anyio
 async def test_a_bad_gate_in_python_settings_is_refused_before_anything_runs_or_is_written(tmp_path):
     suite = get_suite("bank")
     with pytest.raises(ValueError, match="(?s)gate.*rehearse must be 'all', 'writes' or 'none', not 'some'"):
