@@ -4,9 +4,11 @@ within a group, which a judge comparing attempts gives more steadily than one sc
 
 Two kinds of judge:
 - **a local model** through the project's own transformers backend (`judge:embedded`, a Hugging Face id
-  or folder): each attempt's verdict is the model's next-token distribution over the digits 0-9 after
-  `Attempt N score:`, read as the expected digit / 9. It is always a number in [0, 1], whatever the model
-  would have written, and says how sure the judge is (`details["p"]`);
+  or folder): asked "how good is attempt N? one digit", each attempt's verdict is the model's
+  distribution over the digits 0-9 as its answer begins, read as the expected digit / 9, and the group
+  read twice, in its order and reversed, each verdict the mean of the two (small models favour a
+  place). It is always a number in [0, 1], whatever the model would have written, and says how sure the
+  judge is (`details["p"]`);
 - **any LangChain chat model** (`judge:openai:gpt-4.1-mini`, an `init_chat_model` id, or a chat model
   object in Python): asked for JSON, one score in [0, 1] per attempt, checked; a reply that is not that
   is asked again once, then the group is unscored (None, with the reason), never a made-up number.
@@ -107,22 +109,26 @@ def judge_chat(traces: Sequence[Trace], rubric: str, limit: int = ATTEMPT_CHARS,
 # ---------------------------------------------------------------------------------------------- judges
 
 class LocalJudge:
-    """A transformers model as judge: one forward pass over the group's prompt, then per attempt a
-    short suffix `Attempt N score:` whose next-token distribution over the digits is the verdict."""
+    """A transformers model as judge: for each attempt, the group's chat ending with the question "how
+    good is attempt N? one digit", and the verdict is the model's next-token distribution over the digits
+    as its answer begins. The attempts' chats share everything up to the question, run once."""
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy
         self._digits: list[int] | None = None
 
-    def _digit_ids(self, prefix: list[int]) -> list[int]:
-        """The token each digit is written as after `score:` (" 7" where the tokenizer has it, else "7")."""
+    @staticmethod
+    def ask(attempt: int) -> str:
+        return (f"How good is attempt {attempt}, compared with the others? Answer with one digit from 0 (worst) "
+                f"to {SCALE} (best).")
+
+    def _digit_ids(self, text: str, ids: list[int]) -> list[int]:
+        """The token each digit is written as where the answer begins ("7", else " 7")."""
         if self._digits is None:
-            encode = self.policy.encode
-            base = encode("Attempt 1 score:")
-            for space in (" ", ""):
-                ids = [encode(f"Attempt 1 score:{space}{d}") for d in range(SCALE + 1)]
-                if all(len(i) == len(base) + 1 and i[: len(base)] == base for i in ids):
-                    self._digits = [i[-1] for i in ids]
+            for space in ("", " "):
+                each = [self.policy.encode(f"{text}{space}{d}") for d in range(SCALE + 1)]
+                if all(len(e) == len(ids) + 1 and e[: len(ids)] == ids for e in each):
+                    self._digits = [e[-1] for e in each]
                     break
             else:
                 raise UserError(f"judge {self.policy.name}: its tokenizer does not write the digits 0-{SCALE} as "
@@ -130,29 +136,44 @@ class LocalJudge:
         return self._digits
 
     def score(self, traces: Sequence[Trace], rubric: str) -> list[Verdict]:
+        """Each attempt read in the group's order and in reverse, its verdict the mean of the two: a small
+        model scores by position first (the embedded one rose with N in every group), which the two
+        orders cancel."""
+        n = len(traces)
+        forward = self._read(traces, rubric)
+        backward = self._read(list(reversed(traces)), rubric) if forward is not None and n > 1 else forward
+        if forward is None or backward is None:
+            return [(None, {"unscorable": f"the group's {n} runs do not fit the judge's context"})] * n
+        verdicts = []
+        for i, ((a, p, mass), (b, q, mass_b)) in enumerate(zip(forward, reversed(backward)), 1):
+            verdicts.append(((a + b) / 2, {"attempt": i, "of": n, "readings": [round(a, 4), round(b, 4)],
+                                           "p": [round((x + y) / 2, 4) for x, y in zip(p, q)],
+                                           "digit_mass": round((mass + mass_b) / 2, 4)}))
+        return verdicts
+
+    def _read(self, traces: Sequence[Trace], rubric: str) -> list[tuple[float, list[float], float]] | None:
+        """(expected digit / SCALE, the digits' distribution, the mass on digits) per attempt, in order."""
         context = getattr(self.policy, "context_window", None) or 2048
         limit = ATTEMPT_CHARS
         for _ in range(4):
-            text = self.policy.render(judge_chat(traces, rubric, limit), None)
-            prefix = self.policy.encode(text)
-            if len(prefix) + 16 <= context:
+            texts = [self.policy.render(judge_chat(traces, rubric, limit, ask=self.ask(i)), None)
+                     for i in range(1, len(traces) + 1)]
+            ids = [self.policy.encode(text) for text in texts]
+            if max(map(len, ids)) + 1 <= context:
                 break
             limit //= 2
         else:
-            why = f"the group's {len(traces)} runs do not fit the judge's context of {context} tokens"
-            return [(None, {"unscorable": why}) for _ in traces]
-        digits = self._digit_ids(prefix)
-        suffixes = [self.policy.encode(f"Attempt {i} score:") for i in range(1, len(traces) + 1)]
-        rows = self.policy.engine.next_token_logprobs(prefix, suffixes, digits)
-        verdicts = []
-        for i, logprobs in enumerate(rows, 1):
+            return None
+        digits = self._digit_ids(texts[0], ids[0])
+        shared = next((k for k, column in enumerate(zip(*ids)) if len(set(column)) > 1), min(map(len, ids)))
+        shared = min(shared, min(map(len, ids)) - 1)  # every attempt keeps a token of its own to predict from
+        out = []
+        for logprobs in self.policy.engine.next_token_logprobs(ids[0][:shared], [i[shared:] for i in ids], digits):
             weights = [math.exp(lp) for lp in logprobs]
             mass = sum(weights)
             p = [w / mass for w in weights]
-            value = sum(d * q for d, q in enumerate(p)) / SCALE
-            verdicts.append((value, {"attempt": i, "of": len(traces), "p": [round(q, 4) for q in p],
-                                     "digit_mass": round(mass, 4), "attempt_chars": limit}))
-        return verdicts
+            out.append((sum(d * q for d, q in enumerate(p)) / SCALE, p, mass))
+        return out
 
 
 class ChatJudge:

@@ -41,27 +41,29 @@ def test_an_attempt_shows_each_call_what_came_of_it_and_the_answer(group):
     assert len(attempt_text(group[0], limit=120)) <= 120 + len("Final answer: ") + 600
 
 
-def test_a_local_judge_scores_each_attempt_by_its_expected_digit(group, tiny_qwen3_dir):
-    verdicts = judge(str(tiny_qwen3_dir)).score_group(group)
-    assert len(verdicts) == 4
-    for i, (value, details) in enumerate(verdicts, 1):
-        assert details["attempt"] == i and details["of"] == 4 and len(details["p"]) == 10
-        assert sum(details["p"]) == pytest.approx(1, abs=1e-3) and 0 < details["digit_mass"] <= 1
-        assert value == pytest.approx(sum(d * q for d, q in enumerate(details["p"])) / 9, abs=1e-3)
-        assert 0 <= value <= 1
-
-
-def test_the_shared_prefix_pass_gives_what_a_fresh_pass_per_attempt_gives(group, tiny_qwen3_dir):
+def test_a_local_judge_reads_the_group_in_both_orders_and_scores_each_attempt_by_its_expected_digit(group, tiny_qwen3_dir):
+    """Each verdict is the mean of two readings, each checked against a fresh forward pass of that
+    attempt's whole prompt: the group in its order (attempt i asked about as i) and reversed (as 5 - i)."""
     j = judge(str(tiny_qwen3_dir))
     verdicts = j.score_group(group)
     local = j._scorer
-    prefix = local.policy.encode(local.policy.render(judge_chat(group, j.rubric), None))
-    digits = local._digit_ids(prefix)
+    assert len(verdicts) == 4
+
+    def fresh(order, asked):
+        text = local.policy.render(judge_chat(order, j.rubric, ask=local.ask(asked)), None)
+        assert f"How good is attempt {asked}, compared with the others?" in text
+        ids = local.policy.encode(text)
+        weights = [math.exp(local.policy.score(ids, [d])[0]) for d in local._digit_ids(text, ids)]
+        return sum(d * w for d, w in enumerate(weights)) / sum(weights) / 9
+
+    for i, (value, details) in enumerate(verdicts, 1):
+        assert details["attempt"] == i and details["of"] == 4 and len(details["p"]) == 10
+        assert sum(details["p"]) == pytest.approx(1, abs=1e-3) and 0 < details["digit_mass"] <= 1
+        assert 0 <= value <= 1 and value == pytest.approx(sum(details["readings"]) / 2, abs=1e-4)
     for i in (1, 4):
-        suffix = local.policy.encode(f"Attempt {i} score:")
-        weights = [math.exp(local.policy.score(prefix + suffix, [d])[0]) for d in digits]
-        expected = sum(d * w for d, w in enumerate(weights)) / sum(weights) / 9
-        assert verdicts[i - 1][0] == pytest.approx(expected, abs=1e-4)
+        first, second = verdicts[i - 1][1]["readings"]
+        assert first == pytest.approx(fresh(group, i), abs=1e-4)
+        assert second == pytest.approx(fresh(group[::-1], 5 - i), abs=1e-4)
 
 
 def reply(*scores, why="ok") -> str:
@@ -181,3 +183,12 @@ def test_agreement_counts_pairs_the_checker_tells_apart_and_kendalls_tau():
     assert figures["agreement_ties_half"] == pytest.approx(5.5 / 6) and figures["tau_groups"] == 1
     low, high = figures["agreement_interval"]
     assert low <= 5 / 6 <= high
+
+
+def test_a_run_judged_alone_and_a_group_too_long_for_the_judge(group, tiny_qwen3_dir):
+    j = judge(str(tiny_qwen3_dir))
+    value, details = j(group[0], {})  # record_run(rewards=[j]): the run is its own group
+    assert 0 <= value <= 1 and details["of"] == 1 and details["readings"][0] == details["readings"][1]
+    j._scorer.policy.context_window = 200  # no attempt fits, even cut to a quarter
+    verdicts = j.score_group(group)
+    assert all(v is None and "do not fit the judge's context" in d["unscorable"] for v, d in verdicts)
