@@ -25,8 +25,7 @@ from envace_mcp.graph.gate import call_key
 from envace_mcp.traces.recorder import RewardFunction, score
 from envace_mcp.toolbox.result import NOT_THE_SERVERS
 from envace_mcp.traces.schema import STOPPED, Reward, Step, Trace
-
-Verdict = tuple[float | None, dict[str, Any]]
+from envace_mcp.train.judge import Verdict, group_verdicts, judge
 
 STALL = "stopped: the agent proposed "
 """How a stalled run's `metadata["stop_reason"]` begins (`graph.nodes._stalls.Stall`): one call was stopped
@@ -160,8 +159,6 @@ class Combined:
         return "+".join(n if w == 1 else f"{n}*{w:g}" for n, w in self.weights)
 
     def score_group(self, traces: Sequence[Trace]) -> list[Verdict]:
-        from envace_mcp.train.judge import group_verdicts
-
         each = {name: (weight, _recorded(traces, name) or group_verdicts(fn, traces)) for name, weight, fn in self.parts}
         verdicts: list[Verdict] = []
         for i in range(len(traces)):
@@ -190,8 +187,6 @@ def _recorded(traces: Sequence[Trace], name: str) -> list[Verdict] | None:
 def combined(weights: Mapping[str, float], *, rubric: str | Path | None = None) -> Combined:
     """`combined({"outcomes": 1.0, "approvals": 2.0})`: the weighted mean of the parts that could score;
     a `judge:MODEL` part is `train.judge.judge(MODEL, rubric=rubric)`."""
-    from envace_mcp.train.judge import judge
-
     unknown = sorted(n for n in weights if n not in REWARDS and not n.startswith("judge:"))
     if unknown or not weights:
         raise UserError(f"reward {', '.join(unknown) or '(none)'}: choose from {', '.join(REWARDS)}, judge:MODEL")
@@ -260,7 +255,6 @@ def score_missing(runs: Iterable[Trace], fn: RewardFunction, store: Any, *,
 def _verdicts(fn: RewardFunction, group: list[Trace]) -> list[Verdict]:
     """`fn`'s verdicts on a group's runs (awaited where `fn` is a coroutine function, as `record_run` allows)."""
     from envace_mcp._sync import run_sync
-    from envace_mcp.train.judge import group_verdicts
 
     if hasattr(fn, "score_group"):
         return group_verdicts(fn, group)
