@@ -22,9 +22,8 @@ renders and encodes; see `envace_mcp.policy.transformers`).
 
 from __future__ import annotations
 
-import copy
-
 import collections
+import copy
 import functools
 import threading
 import time

@@ -186,6 +186,7 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
         """Repeat r samples with seed + r: a task's repeats differ where sampling does (temperature > 0;
         one seed for all of them made K copies of one run), and each is reproducible alone."""
         return role_sampling(params.model_copy(update={"seed": settings.seed + repeat}), settings.rehearse_max_new_tokens)
+
     policy = policy if policy is not None or settings.policy != "model" else load_model_policy(settings)
     judge = getattr(suite, "judge_required", lambda task: False)
     wanted = {(task.id, repeat) for task in tasks for repeat in range(settings.repeats)}

@@ -278,8 +278,9 @@ def judge(model: str | Any, *, rubric: str | Path | None = None) -> Judge:
     """`judge("embedded")`, `judge("Qwen/Qwen3-1.7B")`, `judge("./my-model")`: a local model on the
     transformers backend; `judge("openai:gpt-4.1-mini")`: an `init_chat_model` id (needs `langchain` and the
     provider's package); or a LangChain chat model object. `rubric`: a text file; default `judge_rubric.md`."""
-    text = _rubric(rubric)
-    own = "" if text == _rubric(None) else f"#{_digest(text)}"  # another rubric, another reward: scored anew
+    default = DEFAULT_RUBRIC.read_text(encoding="utf-8")
+    text = default if rubric is None else _rubric(rubric)
+    own = "" if text == default else f"#{_digest(text)}"  # another rubric, another reward: scored anew
     if not isinstance(model, str):
         label = getattr(model, "model_name", None) or getattr(model, "model", None) or type(model).__name__
         return Judge(f"judge:{label}{own}", text, lambda: ChatJudge(model))
@@ -294,9 +295,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _rubric(rubric: str | Path | None) -> str:
-    if rubric is None:
-        return DEFAULT_RUBRIC.read_text(encoding="utf-8")
+def _rubric(rubric: str | Path) -> str:
     try:
         text = Path(rubric).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -322,16 +321,3 @@ def _chat(model: str) -> Any:
         return init_chat_model(model)
     except Exception as exc:  # noqa: BLE001 - an unknown provider, a missing package or key: one line
         raise UserError(f"judge:{model}: {type(exc).__name__}: {exc}"[:400]) from None
-
-
-def group_verdicts(fn: Any, traces: Sequence[Trace]) -> list[Verdict]:
-    """Each run's verdict from `fn`: together for a group reward (`score_group`), one by one otherwise."""
-    if hasattr(fn, "score_group"):
-        return list(fn.score_group(traces))
-    return [_pair(fn(trace, {})) for trace in traces]
-
-
-def _pair(verdict: Any) -> Verdict:
-    value, details = verdict if verdict is not None else (None, {"unscorable": True})
-    return value, dict(details or {})
-

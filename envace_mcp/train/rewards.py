@@ -13,6 +13,7 @@ once, with no call, scores `outcomes` 1.0. Prefer a checker's reward where one c
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,10 +23,10 @@ from typing import Any
 
 from envace_mcp.errors import UserError
 from envace_mcp.graph.gate import call_key
-from envace_mcp.traces.recorder import RewardFunction, score
+from envace_mcp.traces.recorder import RewardFunction
 from envace_mcp.toolbox.result import NOT_THE_SERVERS
 from envace_mcp.traces.schema import STOPPED, Reward, Step, Trace
-from envace_mcp.train.judge import Verdict, group_verdicts, judge
+from envace_mcp.train.judge import Verdict, judge
 
 STALL = "stopped: the agent proposed "
 """How a stalled run's `metadata["stop_reason"]` begins (`graph.nodes._stalls.Stall`): one call was stopped
@@ -159,7 +160,7 @@ class Combined:
         return "+".join(n if w == 1 else f"{n}*{w:g}" for n, w in self.weights)
 
     def score_group(self, traces: Sequence[Trace]) -> list[Verdict]:
-        each = {name: (weight, _recorded(traces, name) or group_verdicts(fn, traces)) for name, weight, fn in self.parts}
+        each = {name: (weight, _recorded(traces, name) or _verdicts(fn, traces)) for name, weight, fn in self.parts}
         verdicts: list[Verdict] = []
         for i in range(len(traces)):
             parts = {name: (w, *verdicts_[i]) for name, (w, verdicts_) in each.items()}
@@ -252,19 +253,22 @@ def score_missing(runs: Iterable[Trace], fn: RewardFunction, store: Any, *,
     return added
 
 
-def _verdicts(fn: RewardFunction, group: list[Trace]) -> list[Verdict]:
-    """`fn`'s verdicts on a group's runs (awaited where `fn` is a coroutine function, as `record_run` allows)."""
-    from envace_mcp._sync import run_sync
-
+def _verdicts(fn: RewardFunction, group: Sequence[Trace]) -> list[Verdict]:
+    """`fn`'s verdicts on a group's runs: together for a group reward (`score_group`), one by one
+    otherwise (awaited where `fn` is a coroutine function, as `record_run` allows)."""
     if hasattr(fn, "score_group"):
-        return group_verdicts(fn, group)
+        return list(fn.score_group(group))
+    verdicts = []
+    for trace in group:
+        verdict = fn(trace, {})
+        if inspect.isawaitable(verdict):
+            from envace_mcp._sync import run_sync
 
-    async def each() -> list[Verdict]:
-        out = []
-        for trace in group:
-            await score(trace, {}, [fn])
-            reward = trace.rewards.pop()
-            out.append((reward.value, reward.details))
-        return out
+            verdict = run_sync(_awaited(verdict))
+        value, details = verdict if verdict is not None else (None, {"unscorable": True})
+        verdicts.append((value, dict(details or {})))
+    return verdicts
 
-    return run_sync(each())
+
+async def _awaited(verdict: Any) -> Any:
+    return await verdict
