@@ -41,6 +41,7 @@ from envace_mcp.engine.lora import merged_lora
 from envace_mcp.engine.model import cache_keyword, dense_head_input, weights_key
 from envace_mcp.engine.prefix_cache import PrefixCache, cache_layers
 from envace_mcp.engine.sampling import sample
+from envace_mcp.engine.scoring import ScoreRequest, logits_after_cached, logprobs_of
 from envace_mcp.engine.turns import eos_ids
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.errors import UserError
@@ -68,6 +69,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids(model, tokenizer)
         self._lock = threading.Lock()
+        self._scores: collections.deque[ScoreRequest] = collections.deque()
         self.cache_kw = cache_keyword(base_model(model))
         self.plain_cache = plain_layers(model.config)
         """Every cache layer is plain full attention: rows can join a running batch and prompts can
@@ -95,11 +97,12 @@ class Engine:
         step."""
         self.stats: dict[str, float] = {"prompt_tokens": 0, "reused_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
                                         "decode_steps": 0, "decode_rows": 0, "kv_waits": 0, "grouped_rows": 0,
-                                        "abandoned": 0}
+                                        "abandoned": 0, "scored_reused_tokens": 0}
         """Running totals: prompt tokens seen, of them reused from the prefix cache, seconds spent,
         decode steps (forward passes) and the rows they fed (rows / steps: the mean batch), requests that
         waited for room under `kv_budget_gb`, rows that joined a decode batch's prefix group (their
-        shared prompt prefix held once, see `DecodeBatch`), rows dropped because their caller gave up."""
+        shared prompt prefix held once, see `DecodeBatch`), rows dropped because their caller gave up, and
+        prompt tokens `score(reuse_prefix=True)` took from the prefix cache."""
         self.kv_peak_slots = 0
         """The most key/value slots a decode batch held (`DecodeBatch.slots`), for benchmarks and tests."""
         self.max_rows = max(max_batch_size, 32)
@@ -159,6 +162,8 @@ class Engine:
         blocked = None  # the request now waiting for room (counted once)
         peak = 0
         while True:
+            if self._scores:  # a reply scored after its prompt's cached keys/values, between two steps
+                self._serve_scores()
             started = time.perf_counter()
             if len(rows) + len(waiting) < max_rows and (batch.joinable or not rows):
                 waiting.extend(feed.take(max_rows - len(rows) - len(waiting)))
@@ -291,16 +296,58 @@ class Engine:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
-        """Logprobs of `completion_ids` after `prompt_ids` from one fresh forward pass (no cache)."""
+    def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0, *,
+              reuse_prefix: bool = False) -> list[float]:
+        """Logprobs of `completion_ids` after `prompt_ids` from one fresh forward pass (no cache). With
+        `reuse_prefix`, the keys/values of the prompt's longest prefix the prefix cache holds (a generation
+        from this prompt just stored them) are reused and only the rest runs, on the weights generation
+        uses (`merged_lora`), between two decode steps of a running generation rather than after it: the
+        same logprobs up to rounding, for a tenth of the tokens where a world model's ~900-token rehearse
+        prompt is scored on its ~80-token reply, and a batch that stays full (a measurement; the fresh
+        pass stays what training compares with)."""
+        if reuse_prefix and self.plain_cache and prompt_ids:
+            return self._score_beside_generation(ScoreRequest(prompt_ids, completion_ids, temperature))
         with self._lock, torch.inference_mode():
             device = next(self.model.parameters()).device
             ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long, device=device)
             logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
-            if temperature > 0:
-                logits = logits / temperature
-            lp = torch.log_softmax(logits, dim=-1)
-            return lp.gather(-1, torch.tensor(completion_ids, device=device)[:, None]).squeeze(-1).tolist()
+            return logprobs_of(logits, completion_ids, temperature)
+
+    def _score_beside_generation(self, request: ScoreRequest) -> list[float]:
+        """Queue `request` for the running generation to serve between two steps (`_serve_scores`), or,
+        with none running, serve it here."""
+        self._scores.append(request)
+        while not request.done.is_set():
+            if self._lock.acquire(blocking=False):
+                try:
+                    with torch.inference_mode():
+                        self.prefix_cache.for_weights(weights_key(self.model))
+                        with merged_lora(self.model, self.merge_lora):
+                            self._serve_scores()
+                finally:
+                    self._lock.release()
+            else:
+                request.done.wait(0.005)
+        if request.error is not None:
+            raise request.error
+        return request.result or []
+
+    def _serve_scores(self) -> None:
+        """Score the queued requests (the caller holds the lock, in inference mode, on generation's weights)."""
+        while self._scores:
+            try:
+                request = self._scores.popleft()
+            except IndexError:  # (another thread took the last one)
+                return
+            try:
+                logits, reused = logits_after_cached(self.model, self.cache_kw, self.prefix_cache, request.prompt_ids,
+                                                     request.completion_ids)
+                request.result = logprobs_of(logits, request.completion_ids, request.temperature)
+                self.stats["scored_reused_tokens"] += reused
+            except Exception as exc:  # that caller's failure, raised in its thread
+                request.error = exc
+            finally:
+                request.done.set()
 
     def next_token_logprobs(self, prefix_ids: list[int], suffixes: list[list[int]], candidates: list[int]) -> list[list[float]]:
         """For each suffix, the logprobs (temperature 1, over the whole vocabulary) of `candidates` as the

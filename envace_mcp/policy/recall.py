@@ -50,6 +50,10 @@ class Logged:
     episode: str = ""
     """The run it came from (a rehearsal of a call in that run never recalls it)."""
 
+    def example(self) -> Example:
+        """As a rehearse prompt shows it (`RehearseRequest.similar`)."""
+        return Example(self.tool, self.arguments, self.reply)
+
 
 def _leaves(value: Any, path: str = "") -> dict[str, str]:
     if isinstance(value, dict):
@@ -120,7 +124,7 @@ class CallLog:
         """`nearest` as the examples a rehearse prompt shows (`RehearseRequest.similar`); `tool`: the
         called `ToolSpec` (its server narrows the search)."""
         server = getattr(tool, "server", None) or None
-        return [Example(e.tool, e.arguments, e.reply) for e in self.nearest(call, server, k, exclude)]
+        return [e.example() for e in self.nearest(call, server, k, exclude)]
 
     # ------------------------------------------------------------------ files
 

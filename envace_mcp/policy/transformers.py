@@ -179,9 +179,11 @@ class TransformersPolicy(TokenPolicy):
         return RawCompletion(text=completion, prompt_text=prompt_text, prompt_ids=prompt_ids,
                              completion_ids=completion_ids, logprobs=logprobs, finish_reason="stop")
 
-    def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
-        """Logprobs of `completion_ids` after `prompt_ids` from one fresh forward pass (no cache)."""
-        return self.engine.score(prompt_ids, completion_ids, temperature)
+    def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0, *,
+              reuse_prefix: bool = False) -> list[float]:
+        """Logprobs of `completion_ids` after `prompt_ids` from one fresh forward pass (no cache); with
+        `reuse_prefix`, after the prompt's keys/values in the prefix cache (`Engine.score`)."""
+        return self.engine.score(prompt_ids, completion_ids, temperature, reuse_prefix=reuse_prefix)
 
 
 def _raw(done: Completion, prompt_text: str) -> RawCompletion:

@@ -160,8 +160,14 @@ def call_log(calls: Iterable[Observed], source: str | None = None) -> CallLog:
                     for c in calls), source=source)
 
 
-def with_similar(call: Observed, log: CallLog | None) -> RehearseRequest:
-    """The call's rehearse request with the logged calls most like it, never from its own run."""
-    if log is None:
+def logged_like(call: Observed, log: CallLog | None) -> list[Logged] | None:
+    """The logged calls most like `call` (`CallLog.nearest`), never from its own run; None without a log."""
+    return None if log is None else log.nearest(call.request.call, call.spec.server or None, exclude=call.episode)
+
+
+def with_similar(call: Observed, log: CallLog | None, nearest: list[Logged] | None = None) -> RehearseRequest:
+    """The call's rehearse request with the logged calls most like it (`nearest`, when already found)."""
+    nearest = logged_like(call, log) if nearest is None else nearest
+    if nearest is None:
         return call.request
-    return replace(call.request, similar=log.similar(call.request.call, call.spec, exclude=call.episode))
+    return replace(call.request, similar=[e.example() for e in nearest])

@@ -28,6 +28,7 @@ and scores the real reply teacher-forced. Per tool and overall:
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,14 +36,15 @@ from typing import Any
 
 from envace_mcp.policy.fidelity import copy_split, field_split
 from envace_mcp.policy.trust import THRESHOLDS, earned
-from envace_mcp.worldmodel.calls import Observed, with_similar
+from envace_mcp.worldmodel.calls import Observed, logged_like, with_similar
 
 KINDS = {"echoed": "echoed", "read": "seen", "computed": "new"}
 """Report names of `fidelity.field_split`'s kinds."""
 BINS = 5
 """Equal-width bins of P(error) in the reliability table."""
-IN_FLIGHT = 8
-"""Rehearsals measured at once: enough to batch, few enough that progress moves call by call."""
+IN_FLIGHT = 16
+"""Rehearsals measured at once: enough to batch (a decode step of 12 rows costs 1.3 of one of 7), few
+enough that progress moves call by call."""
 
 
 @dataclass
@@ -209,7 +211,8 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
     log = getattr(policy, "recall", None)
 
     async def measured(call: Observed) -> Scored:
-        generation = await policy.rehearse(with_similar(call, log), sampling)
+        nearest = logged_like(call, log)  # one search: the recalled examples and the nearest-call floor
+        generation = await policy.rehearse(with_similar(call, log, nearest), sampling)
         prediction = generation.parsed
         predicted = prediction.status if prediction is not None else "invalid"
         fields: dict[str, int] = {}
@@ -220,24 +223,16 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
             floor = copy_split(call.value, call.request.call.arguments, call.earlier)
         # scored under the very prompt the rehearsal answered, closed as its template closes a tool turn
         target = encode(reply_target(call.result, generation.prompt_format, generation.turn_close)) + [end]
-        logprobs = await asyncio.to_thread(policy.score, generation.prompt_ids, target)
+        logprobs = await asyncio.to_thread(functools.partial(policy.score, reuse_prefix=True),  # (its prompt is cached)
+                                           generation.prompt_ids, target)
         if on_call is not None:
             on_call()
         return Scored(call.tool, call.failed, predicted, call.episode, call.index, fields, -sum(logprobs), len(target),
                       generation.text or "", prediction.p_error if prediction is not None else None,
                       prediction.code if prediction is not None else None, floor, (call.spec.server, call.spec.behaviour),
-                      nearest_of(call, log))
+                      None if nearest is None else bool(nearest and nearest[0].failed))
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
-
-
-def nearest_of(call: Observed, log: Any) -> bool | None:
-    """The nearest-call floor's prediction: whether the logged call most like `call` (never from its run)
-    failed; a tool with no logged call succeeds. None without a log."""
-    if log is None:
-        return None
-    nearest = log.nearest(call.request.call, call.spec.server or None, k=1, exclude=call.episode)
-    return bool(nearest and nearest[0].failed)
 
 
 def finite(value: Any) -> Any:

@@ -442,3 +442,33 @@ def test_sampling_follows_the_distribution_and_never_picks_a_filtered_token():
     assert top2 == {1, 3}
     cool = [sample(logits, SamplingParams(temperature=0.25), generator)[0] for _ in range(2000)]
     assert cool.count(3) / len(cool) > 0.95  # temperature sharpens toward the top token
+
+
+async def test_a_reply_scored_during_a_generation_is_served_between_its_steps_after_the_cached_prompt(engine):
+
+    first = Job(prompt(engine, [{"role": "user", "content": "count to ten"}]),
+                SamplingParams(max_new_tokens=6, temperature=0.9, stop=()), seed=0)
+    done = (await engine.batcher.submit(first))
+    long = Job(prompt(engine, [{"role": "user", "content": "word " * 9}]),
+               SamplingParams(max_new_tokens=120, temperature=0.9, stop=()), seed=1)
+    order: list[str] = []
+    before = engine.stats["scored_reused_tokens"]
+
+    async def generate() -> None:
+        await engine.batcher.submit(long)
+        order.append("generation")
+
+    async def score() -> list[float]:
+        await anyio.sleep(0.05)  # the long generation is decoding by now, holding the engine
+        got = await anyio.to_thread.run_sync(
+            lambda: engine.score(first.prompt_ids, done.completion_ids, temperature=0.9, reuse_prefix=True))
+        order.append("score")
+        return got
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(generate)
+        scored = await score()
+    assert order == ["score", "generation"]  # served between two of its steps, not after it
+    assert engine.stats["scored_reused_tokens"] - before == len(first.prompt_ids) - 1
+    assert scored == pytest.approx(done.logprobs, abs=1e-4)
+    assert scored == pytest.approx(engine.score(first.prompt_ids, done.completion_ids, temperature=0.9), abs=1e-4)

@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 from envace_mcp.engine import Engine, Job, SamplingParams, load_model
@@ -72,6 +73,20 @@ def test_generation_runs_on_merged_lora_weights_and_leaves_the_adapter_trainable
         assert max(abs(x - y) for x, y in zip(fresh, new.logprobs)) < 1e-4
         stale = engine.score(job.prompt_ids, old.completion_ids, temperature=0.9)
         assert max(abs(x - y) for x, y in zip(stale, old.logprobs)) > 1e-3  # the weights really moved
+    widths: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:  # scored after the prompt's cached keys/values: only the last prompt token and the reply run
+        for job, new in zip(jobs, updated):
+            widths.clear()
+            cached = engine.score(job.prompt_ids, new.completion_ids, temperature=0.9, reuse_prefix=True)
+            assert widths == [len(new.completion_ids) + 1]
+            assert max(abs(x - y) for x, y in zip(cached, new.logprobs)) < 1e-4
+    finally:
+        hook.remove()
+    engine.weights_changed()  # none cached: the whole prompt runs, the same numbers
+    for job, new in zip(jobs, updated):
+        assert engine.score(job.prompt_ids, new.completion_ids, temperature=0.9, reuse_prefix=True) == pytest.approx(
+            new.logprobs, abs=1e-4)
     dora, _ = load_model(str(tiny_qwen3_dir), adapter=str(tmp_path / "dora"))
     with merged_lora(dora) as merged:
         assert not merged  # not a plain merge: generates through peft as before
