@@ -24,6 +24,18 @@ LOCK = ".lock"
 """The file `hold_folder` locks (it holds the holder's pid)."""
 
 
+def read_bounded(path: str | Path, max_bytes: int) -> str | None:
+    """A text file's contents (undecodable bytes replaced), or None where it is missing, unreadable or
+    larger than `max_bytes`: for files an adapter folder brings, read as untrusted input."""
+    path = Path(path)
+    try:
+        if not path.is_file() or path.stat().st_size > max_bytes:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int = 0o644) -> None:
     """`data` as the whole of `path`: never torn, never through a link at `path` (a link there is replaced,
     its target left alone). `mode` applies to a new file (under the umask)."""

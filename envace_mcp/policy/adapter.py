@@ -6,9 +6,11 @@
     folder.gate      # the gate settings it recommends (envace.json "gate"; graph.gate.adapter_gate checks them)
     folder.trust     # its world model's trust table, re-checked (trust.json; policy.trust.read_trust)
     folder.recall    # the logged calls its rehearsals recall (recall.jsonl; policy.recall.CallLog)
+    folder.rules     # reply fields its rehearsals copy by rule (copy_rules.json; policy.copying.RuleTable)
 
 Each part is read as untrusted input by its own reader: a torn envace.json is a UserError naming it, a trust
-table is re-checked against the weights beside it, a recall file is bounded and skips bad lines.
+table is re-checked against the weights beside it, a recall file is bounded and skips bad lines, a copy
+rule is bound to the tool it was learned on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envace_mcp.policy.copying import RuleTable, read_rules
 from envace_mcp.policy.recall import CallLog
 from envace_mcp.policy.tool_text import adapter_file, formats_of
 from envace_mcp.policy.trust import TrustTable, read_trust
@@ -33,6 +36,7 @@ class Adapter:
     built (`graph.gate.adapter_gate`)."""
     trust: TrustTable | None = None
     recall: CallLog | None = None
+    rules: RuleTable | None = None
 
     @classmethod
     def read(cls, folder: str | Path | None) -> Adapter | None:
@@ -41,4 +45,5 @@ class Adapter:
         if folder is None:
             return None
         saved = adapter_file(folder)
-        return cls(Path(folder), formats_of(saved, folder), saved.get("gate"), read_trust(folder), CallLog.read(folder))
+        return cls(Path(folder), formats_of(saved, folder), saved.get("gate"), read_trust(folder), CallLog.read(folder),
+                   read_rules(folder))

@@ -61,6 +61,9 @@ class PromptPolicy(ABC):
     """Its world model's trust table (`trust.TrustTable`), re-checked when the adapter loaded."""
     recall: Any = None
     """Logged calls its rehearsals recall (`recall.CallLog`: the adapter's `recall.jsonl`, or set by hand)."""
+    copy_rules: Any = None
+    """Reply fields its rehearsals copy by rule (`copying.RuleTable`: the adapter's `copy_rules.json`, or set
+    by hand)."""
 
     def __init__(self, *, sampling: SamplingParams | None = None, role_sampling: dict[Role, SamplingParams] | None = None):
         self.sampling = sampling or SamplingParams()
@@ -109,6 +112,7 @@ class PromptPolicy(ABC):
         self.adapter_folder = str(folder.path) if folder is not None else None
         self.trust = folder.trust if folder is not None else None
         self.recall = folder.recall if folder is not None else None
+        self.copy_rules = folder.rules if folder is not None else None
 
     def recalled(self, request: RehearseRequest) -> RehearseRequest:
         """`request` with the logged calls most like it (`recall`), unless it brings its own."""
@@ -128,13 +132,17 @@ class PromptPolicy(ABC):
                 parsed = parsed.model_copy(update={"p_error": raw.p_error, "confidence": (
                     raw.p_error if parsed.status == "tool_error" else 1 - raw.p_error
                     if parsed.status == "result" else None)})
-            generation = self._generation("rehearse", raw, parsed, s)
+            generation = self._generation("rehearse", raw, self._copied(parsed, request), s)
             return generation.model_copy(update={"prompt_format": "inline", "turn_close": close})
         raw = await self._complete("rehearse", render_rehearse(request), None, s)
         parsed = (parse_prediction(raw.text, request.call, request.tool) if raw.refused is None
                   else _unusable(request, raw.refused))
+        parsed = self._copied(parsed, request)
         generation = self._generation("rehearse", raw, parsed, s)
         return generation.model_copy(update={"prompt_format": "simulator"})
+
+    def _copied(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
+        return self.copy_rules.apply(prediction, request) if self.copy_rules is not None else prediction
 
     def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
         """This policy's act role as a LangChain chat model (`PolicyChatModel`), for any agent: its

@@ -38,7 +38,7 @@ def leaves(value: Any, path: str = "") -> dict[str, Any]:
     return {path: value}
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -61,14 +61,14 @@ def compare(prediction: Prediction, real: ToolResult) -> Match:
                      mismatches=[] if ok else ["predicted a result, the tool failed"])
     if prediction.status == "tool_error":
         return Match(score=0.0, status_match=False, mismatches=["predicted an error, the tool succeeded"])
-    truth, guess = leaves(_parsed(real.value)), leaves(prediction.result)
-    mismatches = [p for p, v in truth.items() if p not in guess or not _same(guess[p], v)]
+    truth, guess = leaves(parsed_json(real.value)), leaves(prediction.result)
+    mismatches = [p for p, v in truth.items() if p not in guess or not same_value(guess[p], v)]
     matched = len(truth) - len(mismatches)
     return Match(score=matched / len(truth) if truth else 1.0, status_match=True, fields=len(truth),
                  matched=matched, mismatches=mismatches[:20])
 
 
-def _key(path: str) -> str:
+def field_name(path: str) -> str:
     """A leaf path's last key, list indices dropped (`items[2].price` -> `price`)."""
     return path.rsplit(".", 1)[-1].split("[", 1)[0]
 
@@ -89,17 +89,23 @@ def copy_split(real: Any, arguments: Any, earlier: Iterable[Any] = ()) -> dict[s
     """`field_split` of the trivial predictor, the floor of every field figure: each field of the real
     reply guessed as the call's argument of the same name, else as the latest earlier observation's field
     of that name (no guess where neither has one)."""
-    named = {_key(p): v for p, v in leaves(arguments).items()} if isinstance(arguments, (dict, list)) else {}
-    latest: dict[str, Any] = {}
-    for value in earlier:  # in the run's order: the latest wins
-        for path, leaf in leaves(_parsed(value)).items():
-            latest[_key(path)] = leaf
+    named = {field_name(p): v for p, v in leaves(arguments).items()} if isinstance(arguments, (dict, list)) else {}
+    latest = latest_values(earlier)
     guess = {}
-    for path in leaves(_parsed(real)):
-        key = _key(path)
+    for path in leaves(parsed_json(real)):
+        key = field_name(path)
         if key in named or key in latest:
             guess[path] = named[key] if key in named else latest[key]
     return _split(guess, real, arguments, earlier)
+
+
+def latest_values(earlier: Iterable[Any]) -> dict[str, Any]:
+    """Each field name's latest value in a run's earlier replies (in the run's order: the latest wins)."""
+    latest: dict[str, Any] = {}
+    for value in earlier:
+        for path, leaf in leaves(parsed_json(value)).items():
+            latest[field_name(path)] = leaf
+    return latest
 
 
 def _split(guess: dict[str, Any], real: Any, arguments: Any, earlier: Iterable[Any]) -> dict[str, int]:
@@ -107,18 +113,18 @@ def _split(guess: dict[str, Any], real: Any, arguments: Any, earlier: Iterable[A
              if not isinstance(v, (dict, list))]
     shown: dict[str, list[Any]] = {}
     for value in earlier:
-        for path, leaf in leaves(_parsed(value)).items():
-            shown.setdefault(_key(path), []).append(leaf)
+        for path, leaf in leaves(parsed_json(value)).items():
+            shown.setdefault(field_name(path), []).append(leaf)
     out = {"echoed": 0, "echoed_ok": 0, "seen": 0, "seen_ok": 0, "new": 0, "new_ok": 0}
-    for path, value in leaves(_parsed(real)).items():
-        kind = ("echoed" if any(_same(value, g) for g in given)
-                else "seen" if any(_same(value, v) for v in shown.get(_key(path), ())) else "new")
+    for path, value in leaves(parsed_json(real)).items():
+        kind = ("echoed" if any(same_value(value, g) for g in given)
+                else "seen" if any(same_value(value, v) for v in shown.get(field_name(path), ())) else "new")
         out[kind] += 1
-        out[f"{kind}_ok"] += int(path in guess and _same(guess[path], value))
+        out[f"{kind}_ok"] += int(path in guess and same_value(guess[path], value))
     return out
 
 
-def _parsed(value: Any) -> Any:
+def parsed_json(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envace_mcp._files import read_bounded
 from envace_mcp.policy.types import Example, ToolCall
 
 RECALL_FILE = "recall.jsonl"
@@ -141,12 +142,10 @@ class CallLog:
         if folder is None:
             return None
         path = Path(folder) / RECALL_FILE
-        try:
-            if not path.is_file() or path.stat().st_size > MAX_BYTES:
-                return None
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
+        text = read_bounded(path, MAX_BYTES)
+        if text is None:
             return None
+        lines = text.splitlines()
         entries, skipped = [], 0
         for line in lines:
             entry = _entry(line)

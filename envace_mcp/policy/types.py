@@ -146,6 +146,9 @@ class Prediction(BaseModel):
     text: str | None = None
     """Inline rehearsals: the tool turn as the model wrote it (what stands in for the tool's reply in
     simulated mode, so the trajectory continues the rehearsal's own tokens)."""
+    copied: list[str] = Field(default_factory=list)
+    """Fields of `result` set by its world model's copy rules (`copying`) from the call's arguments or the
+    run's earlier replies, not as the model wrote them (`text` keeps what it wrote)."""
 
     @property
     def predicts_error(self) -> bool:

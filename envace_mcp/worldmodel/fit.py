@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
+from envace_mcp.policy.copying import learn, read_rules, write_rules
 from envace_mcp.policy.recall import CallLog
 from envace_mcp.worldmodel.calls import (
     Observed,
@@ -118,7 +119,8 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
     sampling = run_sampling()["rehearse"]
     with Progress(f"measure {label}", total=len(calls)) as progress:
         scored = anyio.run(score_calls, policy, calls, sampling, progress.advance)
-    return report(scored, majority)
+    rules = getattr(policy, "copy_rules", None)
+    return {**report(scored, majority), "copy_rules": rules.summary() if rules is not None else {}}
 
 
 def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapter: str | Path | None = None,
@@ -163,12 +165,13 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
     tokenizer.save_pretrained(out)
     if log is not None:
         log.write(out)
+    write_rules(out, learn(train), {c.tool: (c.spec.server or None, c.spec.behaviour) for c in train})
     measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
                 "skipped_too_long": too_long, "recalls": len(log) if log is not None else 0, "unknown_tools": unknown, "failure_copies": failure_copies(train),
                 "training": settings.model_dump(mode="json", exclude={"performance", "model", "adapter"})}
     (out / FIT_FILE).write_text(json.dumps(measured, indent=1, ensure_ascii=False) + "\n")  # before measuring: a report needs it
     fitted = TransformersPolicy(lm, tokenizer, name=f"world model {out}", **formats)
-    fitted.recall = log
+    fitted.recall, fitted.copy_rules = log, read_rules(out)
     result = measure(fitted, held, label="held-out calls", majority=how["training_majority"])
     skipped = write_report(out, result, {k: v for k, v in measured.items() if k not in ("trained_calls", "training_majority")},
                            weights=out)

@@ -69,6 +69,8 @@ class Scored:
     nearest_failed: bool | None = None
     """Whether the logged call most like it failed (no logged call of the tool: it succeeds); None without
     a log to recall from."""
+    copied: list[str] = field(default_factory=list)
+    """Fields of its predicted result set by copy rules (`Prediction.copied`)."""
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -181,7 +183,8 @@ def report(scored: list[Scored], majority: dict[str, bool] | None = None) -> dic
     per_tool = {name: summarise(rows, majority) for name, rows in sorted(tools.items())}
     calls = [{"run": s.episode, "index": s.index, "tool": s.tool, "failed": s.failed, "predicted": s.predicted,
               "p_error": s.p_error, "code": s.code, "nll_per_token": s.nll / s.tokens if s.tokens else None,
-              **({"text": s.text} if s.predicted == "invalid" else {})} for s in scored]
+              **({"text": s.text} if s.predicted == "invalid" else {}), **({"copied": s.copied} if s.copied else {})}
+             for s in scored]
     return {"overall": summarise(scored, majority), "tools": per_tool,
             "trust": {name: trust_entry(figures, {s.identity for s in tools[name]}) for name, figures in per_tool.items()},
             "calls": calls}
@@ -230,7 +233,8 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
         return Scored(call.tool, call.failed, predicted, call.episode, call.index, fields, -sum(logprobs), len(target),
                       generation.text or "", prediction.p_error if prediction is not None else None,
                       prediction.code if prediction is not None else None, floor, (call.spec.server, call.spec.behaviour),
-                      None if nearest is None else bool(nearest and nearest[0].failed))
+                      None if nearest is None else bool(nearest and nearest[0].failed),
+                      list(prediction.copied) if prediction is not None else [])
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
 

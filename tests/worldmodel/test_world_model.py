@@ -136,6 +136,26 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
     assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
 
 
+def test_a_fit_writes_the_copy_rules_of_its_training_calls_and_the_loaded_world_model_carries_them(fitted, bank_calls,
+                                                                                                 tiny_qwen3_dir):
+    from envace_mcp.policy import load_policy
+    from envace_mcp.policy.copying import learn, read_rules
+    from envace_mcp.worldmodel import read_calls
+
+    out, printed = fitted
+    setup, report = (json.loads((out / name).read_text()) for name in ("fit.json", "report.json"))
+    _, calls, _ = read_calls(bank_calls)
+    trained = [c for c in calls if c.episode in set(setup["trained_runs"])]
+    rules = read_rules(out)
+    assert rules is not None and {t: r for t, (_, r) in rules.tools.items()} == learn(trained)  # (14 calls: few)
+    assert report["copy_rules"] == rules.summary() and ("copied by rule" in printed) == bool(rules.tools)
+    assert all(server == "bank" and behaviour for (server, behaviour), _ in rules.tools.values())
+    ruled = {t: {r.field for r in found} for t, (_, found) in rules.tools.items()}
+    copied = [c for c in report["calls"] if c.get("copied")]
+    assert all(set(c["copied"]) <= ruled[c["tool"]] for c in copied)
+    assert load_policy(str(tiny_qwen3_dir), adapter=str(out)).copy_rules.tools == rules.tools
+
+
 def test_a_fitted_world_model_recalls_its_training_calls_and_its_trust_is_bound_to_them(fitted, bank_calls, tiny_qwen3_dir,
                                                                                          tmp_path):
     """The fit keeps its training calls as the log its rehearsals recall (recall.jsonl): never a held-out run's,

@@ -1,0 +1,209 @@
+"""Reply fields a world model copies by rule instead of writing them.
+
+Where a tool's logged replies show a field equal to one of the call's own arguments (a reservation's `sku`)
+or to the latest earlier value of that field's name in the run (the `item_name` a `get_item` read) in nearly
+every call, a rehearsal's predicted result takes that field from the call or the run, whatever the model
+wrote there; the rehearsal says which fields it copied (`Prediction.copied`).
+
+    rules = learn(calls)              # from a fit's training calls: tool -> [CopyRule]
+    write_rules(folder, rules, identities)   # copy_rules.json, each tool's rules bound to its identity
+    table = read_rules(folder)        # None where the folder has none (or it is unreadable)
+    prediction = table.apply(prediction, request)
+
+Learned from successful replies only, on fields outside lists. A rule needs `MIN_SUPPORT` replies that had
+the field and its source, and to hold in `MIN_HELD` of them. The file is read as untrusted input: bounded, and
+a rule that is not well formed is dropped; a tool whose server or schemas differ from the ones the rules were
+learned on gets none (`ToolSpec.behaviour`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+
+from envace_mcp._files import read_bounded
+from envace_mcp.policy.fidelity import field_name, latest_values, leaves, parsed_json, same_value
+from envace_mcp.policy.types import Prediction, RehearseRequest
+
+RULES_FILE = "copy_rules.json"
+MIN_SUPPORT = 5
+MIN_HELD = 0.95
+MAX_BYTES = 1 << 20
+MAX_RULES = 64
+"""Rules kept per tool (and read per tool from a file)."""
+
+
+@dataclass(frozen=True)
+class CopyRule:
+    """`field` of a tool's reply (a dotted path outside lists) equals the call's argument `name` (`source`
+    "argument", a dotted path) or the latest earlier value in the run of the field named `name` ("earlier")."""
+
+    field: str
+    source: str
+    name: str
+    support: int
+    held: float
+
+    def value(self, arguments: Any, earlier: dict[str, Any]) -> tuple[bool, Any]:
+        """(whether the source has a value for this call, the value)."""
+        if self.source == "argument":
+            found = leaves(arguments).get(self.name, _MISSING) if isinstance(arguments, dict) else _MISSING
+        else:
+            found = earlier.get(self.name, _MISSING)
+        return found is not _MISSING, found
+
+
+_MISSING = object()
+
+
+def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
+    """Copy rules of each tool from real calls (`worldmodel.calls.Observed`: `tool`, `failed`, `value`,
+    `request.call.arguments`, `earlier`): per field, the source that held most often, kept where it held in
+    `MIN_HELD` of at least `MIN_SUPPORT` replies (an argument before an earlier value on a tie)."""
+    counts: dict[str, dict[tuple[str, str, str], list[int]]] = {}
+    for call in calls:
+        if call.failed:
+            continue
+        reply = parsed_json(call.value)
+        if not isinstance(reply, dict):
+            continue
+        arguments = call.request.call.arguments
+        given = {p: v for p, v in leaves(arguments).items() if "[" not in p} if isinstance(arguments, dict) else {}
+        latest = latest_values(call.earlier)
+        tally = counts.setdefault(call.tool, {})
+        for path, value in leaves(reply).items():
+            if "[" in path or isinstance(value, (dict, list)):
+                continue
+            for name, source_value in given.items():
+                if not isinstance(source_value, (dict, list)):
+                    seen = tally.setdefault((path, "argument", name), [0, 0])
+                    seen[0] += same_value(value, source_value)
+                    seen[1] += 1
+            key = field_name(path)
+            if key in latest and not isinstance(latest[key], (dict, list)):
+                seen = tally.setdefault((path, "earlier", key), [0, 0])
+                seen[0] += same_value(value, latest[key])
+                seen[1] += 1
+    rules: dict[str, list[CopyRule]] = {}
+    for tool, tally in sorted(counts.items()):
+        best: dict[str, CopyRule] = {}
+        for (path, source, name), (held, support) in tally.items():
+            if support < MIN_SUPPORT or held / support < MIN_HELD:
+                continue
+            rule = CopyRule(path, source, name, support, round(held / support, 4))
+            current = best.get(path)
+            if current is None or _rank(rule) > _rank(current):
+                best[path] = rule
+        if best:
+            rules[tool] = sorted(best.values(), key=lambda r: r.field)[:MAX_RULES]
+    return rules
+
+
+def _rank(rule: CopyRule) -> tuple[float, bool, int, bool]:
+    # the rule that held most often; then an argument (the call itself says it); then more support; then
+    # an argument of the field's own name
+    return rule.held, rule.source == "argument", rule.support, rule.name == field_name(rule.field)
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    """Copy rules by tool, each tool's bound to the (server, behaviour) it was learned on."""
+
+    tools: dict[str, tuple[tuple[str | None, str | None], list[CopyRule]]]
+    source: str | None = None
+
+    def for_tool(self, spec: Any) -> list[CopyRule]:
+        """The rules of `spec`'s tool, where they were learned on this very tool (server and schemas)."""
+        if spec is None or spec.name not in self.tools:
+            return []
+        (server, behaviour), rules = self.tools[spec.name]
+        return rules if (server or None, behaviour) == (spec.server or None, spec.behaviour) else []
+
+    def summary(self) -> dict[str, list[str]]:
+        """Each tool's rules in words, as a report states them."""
+        return {tool: [f"{r.field} = {'argument' if r.source == 'argument' else 'latest earlier'} {r.name} "
+                       f"(held in {r.held:.0%} of {r.support})" for r in rules]
+                for tool, (_, rules) in sorted(self.tools.items())}
+
+    def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
+        """`prediction` with its result's fields set by the rules of the rehearsed tool where their source has
+        a value (a field is set only where its parent object was predicted); an error or an unreadable
+        rehearsal, or a result that is not an object, is returned as it is."""
+        rules = self.for_tool(request.tool)
+        if not rules or prediction.status != "result" or not isinstance(prediction.result, dict):
+            return prediction
+        earlier = latest_values(m.content for m in request.history if isinstance(m, ToolMessage))
+        result, copied = json.loads(json.dumps(prediction.result)), []
+        for rule in rules:
+            found, value = rule.value(request.call.arguments, earlier)
+            if found and _set(result, rule.field, value):
+                copied.append(rule.field)
+        if not copied:
+            return prediction
+        return prediction.model_copy(update={"result": result, "copied": copied})
+
+
+def _set(obj: dict[str, Any], path: str, value: Any) -> bool:
+    *parents, last = path.split(".")
+    for part in parents:
+        obj = obj.get(part)  # type: ignore[assignment]
+        if not isinstance(obj, dict):
+            return False
+    obj[last] = value
+    return True
+
+
+def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]],
+                identities: dict[str, tuple[str | None, str | None]]) -> Path:
+    """`copy_rules.json` in `folder`: each tool's rules with the (server, behaviour) they were learned on."""
+    path = Path(folder) / RULES_FILE
+    data = {"tools": {tool: {"server": identities.get(tool, (None, None))[0],
+                             "behaviour": identities.get(tool, (None, None))[1],
+                             "rules": [asdict(r) for r in found]} for tool, found in rules.items()}}
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def read_rules(folder: str | Path | None) -> RuleTable | None:
+    """A folder's copy rules; None where it has none, or the file is too large or not JSON. Rules that are
+    not well formed are dropped one by one."""
+    if folder is None:
+        return None
+    path = Path(folder) / RULES_FILE
+    text = read_bounded(path, MAX_BYTES)
+    try:
+        data = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        return None
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, dict):
+        return None
+    table: dict[str, tuple[tuple[str | None, str | None], list[CopyRule]]] = {}
+    for tool, entry in tools.items():
+        if not isinstance(tool, str) or not isinstance(entry, dict) or not isinstance(entry.get("rules"), list):
+            continue
+        server, behaviour = entry.get("server"), entry.get("behaviour")
+        if not isinstance(server, (str, type(None))) or not isinstance(behaviour, str):
+            continue  # bound to no tool: applies to none
+        rules = [r for r in map(_rule, entry["rules"][:MAX_RULES]) if r is not None]
+        if rules:
+            table[tool] = ((server, behaviour), rules)
+    return RuleTable(table, source=str(path))
+
+
+def _rule(data: Any) -> CopyRule | None:
+    if not isinstance(data, dict):
+        return None
+    field, source, name = data.get("field"), data.get("source"), data.get("name")
+    support, held = data.get("support"), data.get("held")
+    if not (isinstance(field, str) and isinstance(name, str) and source in ("argument", "earlier")
+            and 0 < len(field) <= 200 and 0 < len(name) <= 200 and "[" not in field
+            and isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
+            and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1):
+        return None
+    return CopyRule(field, source, name, support, float(held))

@@ -1,0 +1,116 @@
+"""Copy rules: reply fields a world model takes from the call or the run, learned where the logged replies
+show them so in nearly every call, bound to the tool they were learned on, read as untrusted input."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from envace_mcp.policy.copying import MIN_SUPPORT, RULES_FILE, learn, read_rules, write_rules
+from envace_mcp.policy.types import Prediction, RehearseRequest, ToolCall
+from envace_mcp.toolbox import ToolSpec
+
+pytestmark = pytest.mark.anyio
+
+SPEC = ToolSpec.from_dict({"name": "reserve", "description": "hold units", "server": "inventory",
+                           "input_schema": {"type": "object"}})
+
+
+def observed(tool, arguments, value, earlier=(), failed=False):
+    return SimpleNamespace(tool=tool, failed=failed, value=value, earlier=list(earlier),
+                           request=SimpleNamespace(call=SimpleNamespace(arguments=arguments)))
+
+
+def reservations(n, *, wrong=0):
+    calls = []
+    for i in range(n):
+        sku, qty = f"OFF-{200 + i}", 1 + i % 3
+        reply = {"id": f"RSV-{1000 + i}", "sku": sku if i >= wrong else "OFF-999", "quantity": qty,
+                 "item_name": f"Tray {i}", "total": 9.5 * qty + i, "status": "reserved"}
+        calls.append(observed("reserve", {"sku": sku, "quantity": qty, "customer": "Hana"}, reply,
+                              earlier=[{"sku": sku, "name": "x", "item_name": f"Tray {i}"}]))
+    return calls
+
+
+def test_a_field_that_equals_an_argument_or_an_earlier_value_in_nearly_every_reply_becomes_a_rule():
+    rules = {r.field: r for r in learn(reservations(20, wrong=1))["reserve"]}  # 19 of 20: 95 %
+    assert (rules["sku"].source, rules["sku"].name, rules["sku"].support, rules["sku"].held) == ("argument", "sku", 20, 0.95)
+    assert (rules["quantity"].source, rules["quantity"].name) == ("argument", "quantity")
+    assert (rules["item_name"].source, rules["item_name"].name) == ("earlier", "item_name")
+    assert {"id", "total", "status"}.isdisjoint(rules)  # made by the server (a constant is no copy of anything)
+    assert "sku" not in {r.field for r in learn(reservations(20, wrong=2)).get("reserve", [])}  # 90 %: no rule
+    assert learn(reservations(MIN_SUPPORT - 1)) == {}  # too few replies to say
+    failing = [observed("reserve", {"sku": "A"}, "no such item", failed=True)] * 10
+    assert learn(failing) == {}  # learned from successful replies only
+
+
+def request(arguments, history=(), spec=SPEC):
+    return RehearseRequest(call=ToolCall(id="c1", name="reserve", arguments=arguments), tool=spec, allowed=[spec],
+                           history=list(history))
+
+
+def test_a_rehearsal_takes_ruled_fields_from_the_call_and_the_run_and_says_which(tmp_path):
+    write_rules(tmp_path, learn(reservations(20)), {"reserve": (SPEC.server, SPEC.behaviour)})
+    table = read_rules(tmp_path)
+    history = [HumanMessage(content="hold 2 trays"), AIMessage(content=""),
+               ToolMessage(content=json.dumps({"sku": "OFF-7", "item_name": "Paper Tray"}), tool_call_id="c0")]
+    guess = Prediction(tool="reserve", status="result", text="{...}",
+                       result={"id": "RSV-1", "sku": "OFF-1", "quantity": 9, "item_name": "Desk", "total": 19.0})
+    got = table.apply(guess, request({"sku": "OFF-7", "quantity": 2, "customer": "Hana"}, history))
+    assert got.result == {"id": "RSV-1", "sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray", "total": 19.0}
+    assert sorted(got.copied) == ["item_name", "quantity", "sku"] and got.text == "{...}"  # what it wrote is kept
+    assert guess.result["sku"] == "OFF-1"  # a copy: the model's own prediction is not changed in place
+    no_source = table.apply(guess, request({"quantity": 2}))  # no sku given, nothing read earlier
+    assert no_source.result["sku"] == "OFF-1" and no_source.copied == ["quantity"]
+    error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="out of stock")
+    assert table.apply(error, request({"sku": "OFF-7", "quantity": 2})) == error
+    other = ToolSpec.from_dict({"name": "reserve", "description": "hold units", "server": "elsewhere",
+                                "input_schema": {"type": "object"}})
+    assert table.apply(guess, request({"sku": "OFF-7", "quantity": 2}, spec=other)) == guess  # another server's tool
+    changed = ToolSpec.from_dict({"name": "reserve", "description": "hold units", "server": "inventory",
+                                  "input_schema": {"type": "object", "properties": {"sku": {"type": "string"}}}})
+    assert table.apply(guess, request({"sku": "OFF-7", "quantity": 2}, spec=changed)) == guess  # schemas changed
+
+
+def test_a_rules_file_is_untrusted_input(tmp_path):
+    assert read_rules(tmp_path) is None
+    path = tmp_path / RULES_FILE
+    path.write_text('{"tools": {"reserve": ')
+    assert read_rules(tmp_path) is None  # torn
+    good = {"field": "sku", "source": "argument", "name": "sku", "support": 20, "held": 1.0}
+    entry = {"server": "inventory", "behaviour": SPEC.behaviour}
+    path.write_text(json.dumps({"tools": {
+        "reserve": {**entry, "rules": [good, {**good, "held": 0.5}, {**good, "support": 2}, {**good, "source": "shell"},
+                                       {**good, "field": "items[0].sku"}, {**good, "support": True}, "sku", None]},
+        "unbound": {"server": "inventory", "rules": [good]},
+        "cancel": [good]}}))
+    table = read_rules(tmp_path)
+    assert list(table.tools) == ["reserve"] and [r.field for r in table.tools["reserve"][1]] == ["sku"]
+    path.write_text(json.dumps({"tools": {"reserve": {**entry, "rules": [good]}}, "pad": "x" * (1 << 20)}))
+    assert read_rules(tmp_path) is None  # past the size cap
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(deep)
+    assert read_rules(tmp_path) is None
+
+
+async def test_a_policy_carrying_rules_applies_them_to_its_own_rehearsals(tiny_qwen3_dir, bank_catalog):
+    """A rehearsal written through a real tokenizer and parsed as any is (forced, so the reply is a readable
+    one): the ruled field is set to the call's, the others are as written, and an error is left alone."""
+    from envace_mcp.policy import load_policy
+    from envace_mcp.policy.copying import CopyRule, RuleTable
+    from envace_mcp.policy.forced import ForcedPolicy
+
+    replies = iter(['{"account_id": "SAV-9", "type": "checking", "balance": 10.5, "currency": "USD"}',
+                    "Error: unknown account"])
+    policy = ForcedPolicy(load_policy(str(tiny_qwen3_dir), rehearse_format="inline"), rehearse=lambda _: next(replies))
+    spec = next(s for s in bank_catalog if s.name == "get_balance")
+    policy.copy_rules = RuleTable({"get_balance": ((spec.server, spec.behaviour),
+                                                   [CopyRule("account_id", "argument", "account_id", 20, 1.0)])})
+    call = RehearseRequest(call=ToolCall(id="c1", name="get_balance", arguments={"account_id": "CHK-1234"}), tool=spec,
+                           allowed=list(bank_catalog), history=[HumanMessage(content="What is my balance?")])
+    result = (await policy.rehearse(call)).parsed
+    assert result.result == {"account_id": "CHK-1234", "type": "checking", "balance": 10.5, "currency": "USD"}
+    assert result.copied == ["account_id"] and "SAV-9" in result.text
+    error = (await policy.rehearse(call)).parsed
+    assert error.status == "tool_error" and not error.copied
