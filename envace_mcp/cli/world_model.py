@@ -31,8 +31,8 @@ def fit_command(
                                        "one; 'none' starts a new adapter)")] = None,
     holdout: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of runs held out to measure on")] = 0.2,
     seed: Annotated[int, typer.Option(help="seeds the split (and the training order)")] = 0,
-    max_calls: Annotated[Optional[int], typer.Option(min=1, help="train on the first N calls of the training runs "
-                                                                 "(learning curves)")] = None,
+    max_calls: Annotated[int, typer.Option(min=0, help="train on whole runs up to N calls, and measure on held-out "
+                                                       "runs up to 200 calls (0: all of both)")] = 200,
     config: Annotated[Optional[list[str]], typer.Option(
         "--config", "-c", help="training settings (SFTConfig): a JSON file or key=value pairs, e.g. -c epochs=3,lr=1e-4")] = None,
 ) -> None:
@@ -41,20 +41,23 @@ def fit_command(
     from envace_mcp.config import build
     from envace_mcp.policy.embedded import default_adapter
     from envace_mcp.train.config import SFTConfig
-    from envace_mcp.worldmodel.fit import read_calls, split
+    from envace_mcp.worldmodel.fit import MAX_HELD, read_calls, split
 
     try:
         settings = build(SFTConfig, *_config_layers(config, SFTConfig), {"seed": seed}, where="envace world-model fit")
         _, calls, unknown = read_calls(traces)  # bad input fails before the model loads
-        train, held, how = split(calls, holdout, seed, max_calls)
+        caps = (max_calls or None, MAX_HELD if max_calls else None)
+        train, held, how = split(calls, holdout, seed, *caps)
     except EnvaceError as exc:
         _fail(exc)
     if unknown:
         console.print(f"skipped {sum(unknown.values())} calls to tools the runs' catalogs lack: "
                       + ", ".join(safe(name) for name in sorted(unknown)[:5]))
-    capped = f" (whole runs, up to --max-calls {max_calls})" if max_calls is not None else ""
-    console.print(f"training on {len(train)} calls of {len(how['trained_runs'])} runs{capped}; measuring on "
-                  f"{len(held)} held-out calls of {len(how['held_out_runs'])} runs")
+    unused = how["logged_calls"] - len(train) - len(held)
+    console.print(f"training on {len(train)} calls of {len(how['trained_runs'])} runs; measuring on {len(held)} held-out "
+                  f"calls of {len(how['held_out_runs'])} runs" + (f"; {unused} calls left out (whole runs up to --max-calls "
+                                                                  f"{max_calls} trained, {MAX_HELD} measured; 0 for all)"
+                                                                  if unused else ""))
     console.print(room_for_trust(held))
     start = default_adapter(model, adapter)
     with _holding(out):
@@ -62,7 +65,7 @@ def fit_command(
             from envace_mcp.worldmodel import fit
 
             result = fit(traces, out, model=model, adapter=start, settings=settings, holdout=holdout, seed=seed,
-                         max_calls=max_calls)
+                         max_calls=caps[0], max_held=caps[1])
         except EnvaceError as exc:
             _fail(exc)
     show(result, f"held-out calls of {traces}")

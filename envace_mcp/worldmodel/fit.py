@@ -37,6 +37,11 @@ FAILURE_SHARE = 0.25
 the fit their rows are repeated until they are at least this share of the rows…"""
 FAILURE_COPIES = 4
 """…each at most this many times (more would teach the failing calls by heart)."""
+MAX_CALLS = 200
+"""Training calls `fit` takes by default (whole runs, in the split's seeded order): ~10 min of training on
+2 cores; more would buy less than it costs (docs/evidence.md, the learning curve)."""
+MAX_HELD = 200
+"""Held-out calls `fit` measures by default (whole runs): ~10 min on 2 cores, and a status interval of ±0.05."""
 FIT_FILE = "fit.json"
 REPORT_FILE = "report.json"
 PLOT_FILE = "report.png"
@@ -59,18 +64,22 @@ def read_calls(traces: str | Path) -> tuple[list[Any], list[Observed], dict[str,
     return runs, calls, unknown
 
 
-def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | None = None
-          ) -> tuple[list[Observed], list[Observed], dict[str, Any]]:
-    """(training calls, held-out calls, what the split was), refusing an empty side in one line."""
+def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | None = None,
+          max_held: int | None = None) -> tuple[list[Observed], list[Observed], dict[str, Any]]:
+    """(training calls, held-out calls, what the split was), refusing an empty side in one line. Each side
+    is taken as whole runs in the seeded order, up to `max_calls` / `max_held` calls (None: all); a run
+    past a cap is neither trained nor measured, and `held_out_runs` lists the runs measured."""
     train_runs, held_runs = split_episodes(calls, holdout, seed)
-    train, held = first_calls(calls, train_runs, max_calls), first_calls(calls, held_runs, None)
+    train, held = first_calls(calls, train_runs, max_calls), first_calls(calls, held_runs, max_held)
     if not train or not held:
         runs = len(train_runs) + len(held_runs)
         raise UserError(f"cannot hold out {holdout:.0%} of {runs} run(s) and train on the rest: need at least two "
                         "runs with real calls, and holdout between 0 and 1")
+    measured = {c.episode for c in held}
     return train, held, {"seed": seed, "holdout": holdout, "runs": len(train_runs) + len(held_runs),
-                         "held_out_runs": sorted(held_runs), "trained_runs": sorted({c.episode for c in train}),
+                         "held_out_runs": sorted(measured), "trained_runs": sorted({c.episode for c in train}),
                          "training_calls": len(train), "held_out_calls": len(held), "max_calls": max_calls,
+                         "max_held": max_held, "logged_calls": len(calls),
                          "trained_calls": sorted({call_digest(c) for c in train}),
                          "training_majority": majority_of(train)}
 
@@ -124,11 +133,13 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
 
 
 def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapter: str | Path | None = None,
-        settings: Any = None, holdout: float = 0.2, seed: int = 0, max_calls: int | None = None,
-        recall: bool = False, on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
+        settings: Any = None, holdout: float = 0.2, seed: int = 0, max_calls: int | None = MAX_CALLS,
+        max_held: int | None = MAX_HELD, recall: bool = False,
+        on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Train the rehearse role of `model` (None: the embedded SmolLM2) on the real replies of the training
     runs in `traces`, as LoRA (over `adapter` when given, continuing it), save it to `out` and measure it on
-    the held-out runs; returns the report (also written to `out`, with the trust table). `settings`: an
+    the held-out runs; returns the report (also written to `out`, with the trust table). `max_calls`,
+    `max_held`: calls trained and measured, as whole runs (None: all; `MAX_CALLS`, `MAX_HELD`). `settings`: an
     `SFTConfig` (epochs, lr, rank, batch; its `roles` are set to the rehearse role). `recall`: the training
     calls go into the folder as the log its rehearsals recall (`recall.jsonl`), and it learns with them —
     off by default: on inventory it foresaw far more failures but scored below the fit without it, copying
@@ -145,7 +156,7 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
     settings = settings or SFTConfig()
     settings = settings.model_copy(update={"roles": ["rehearse"]})
     _, calls, unknown = read_calls(traces)
-    train, held, how = split(calls, holdout, seed, max_calls)
+    train, held, how = split(calls, holdout, seed, max_calls, max_held)
     formats = {**DEFAULT_FORMATS, **adapter_formats(adapter)}
     lm, tokenizer = load_model(model or embedded_model_dir(), adapter=adapter, trainable=True, dtype="checkpoint")
     policy = TransformersPolicy(lm, tokenizer, name=str(model or "embedded"), **formats)

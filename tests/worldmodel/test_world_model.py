@@ -74,6 +74,28 @@ def test_the_split_is_by_run_seeded_and_keeps_a_replayed_call_with_the_run_it_ca
     assert {c.episode for c in calls if c.request.call.id} >= {runs[0].run_id}
 
 
+def test_caps_take_whole_runs_and_the_split_lists_the_runs_it_measured(bank_calls):
+    from envace_mcp.worldmodel.fit import split
+
+    runs = list(TraceStore(bank_calls).read())
+    calls, _ = observed_calls(runs)
+    train, held, how = split(calls, 0.5, seed=0)
+    few_train, few_held, capped = split(calls, 0.5, seed=0, max_calls=3, max_held=2)
+    assert 3 <= len(few_train) < len(train) and 2 <= len(few_held) < len(held)
+    for part in (few_train, few_held):  # whole runs: every call of a run taken, or none
+        taken = {c.episode for c in part}
+        assert len(part) == sum(c.episode in taken for c in calls)
+    assert capped["held_out_runs"] == sorted({c.episode for c in few_held}) != how["held_out_runs"]
+    assert capped["logged_calls"] == len(calls) > len(few_train) + len(few_held) and capped["max_held"] == 2
+
+
+def test_the_command_takes_the_librarys_caps_by_default():
+    from envace_mcp.worldmodel.fit import MAX_CALLS, MAX_HELD
+
+    shown = " ".join(envace("world-model", "fit", "--help").stdout.split())
+    assert f"up to {MAX_HELD} calls (0: all of both) [default: {MAX_CALLS}]" in shown
+
+
 @pytest.fixture(scope="module")
 def fitted(bank_calls, tiny_qwen3_dir, tmp_path_factory) -> tuple[Path, str]:
     """A world model fitted with the CLI, and what the command printed."""

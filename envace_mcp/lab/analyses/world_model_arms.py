@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> None:
         from envace_mcp.worldmodel.fit import fit
 
         fit(args.traces, args.fit_with_recall, adapter=str(embedded_adapter()), holdout=setup["holdout"],
-            seed=setup["seed"], max_calls=setup["max_calls"], recall=True,
+            seed=setup["seed"], max_calls=setup["max_calls"], max_held=setup.get("max_held"), recall=True,
             settings=SFTConfig(seed=setup["seed"]))  # as `envace world-model fit` builds its settings
     _, calls, _ = read_calls(args.traces)
-    train, held, _ = split(calls, setup["holdout"], setup["seed"], setup["max_calls"])
+    train, held, _ = split(calls, setup["holdout"], setup["seed"], setup["max_calls"], setup.get("max_held"))
     if args.max_held is not None:
         held = first_calls(held, list(dict.fromkeys(c.episode for c in held)), args.max_held)
     log = call_log(train)
