@@ -12,8 +12,8 @@ lets through only tokens that keep the call a call the schema accepts so far:
   `-` where the bound is 0 or more: a constraint that checked only the kind let a negative transfer
   `amount` through a `gt=0` schema), and the object closed only once every required key is there.
 
-Outside a `<tool_call>` block, and inside values it does not check (free strings, numbers' digits,
-nested objects), any token goes. This is what OpenAI's strict function calling and vLLM's structured
+The characters are checked by `json_prefix.CallScanner`. Outside a `<tool_call>` block, and inside values
+it does not check (free strings, numbers' digits, nested objects), any token goes. This is what OpenAI's strict function calling and vLLM's structured
 outputs do for a whole reply, kept to the call so the model can still answer in plain text.
 
 The logprob recorded for a constrained token is under the constrained distribution (the disallowed
@@ -24,129 +24,14 @@ docs/evidence.md ("Constrained calls").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_WHITESPACE = " \t\r\n"
-_FIRST = {"string": '"', "number": "-0123456789", "integer": "-0123456789", "boolean": "tf", "null": "n",
-          "object": "{", "array": "["}
-_NUMBER = set("0123456789+-.eE")
-_LITERALS = ("true", "false", "null")
+from envace_mcp.policy.json_prefix import CallScanner, ScanState, Violation
+
 CANDIDATES = 64
 """Tokens checked per step, best first; the rest of the vocabulary is only scanned when none of these fits."""
-
-
-class Violation(Exception):
-    """The text so far cannot be the start of a call the schema accepts."""
-
-
-def _kinds(schema: Any) -> set[str] | None:
-    """The JSON kinds a value of `schema` may be (None: any)."""
-    if not isinstance(schema, dict):
-        return None
-    if "enum" in schema or "const" in schema:
-        values = schema.get("enum", [schema.get("const")])
-        return {_kind_of(v) for v in values}
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            parts = [_kinds(s) for s in schema[key]]
-            return None if any(p is None for p in parts) else set().union(*parts)
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return {kind}
-    if isinstance(kind, list):
-        return set(kind)
-    return {"object"} if "properties" in schema else None
-
-
-def _bounds(schema: Any) -> tuple[tuple[float, bool] | None, tuple[float, bool] | None]:
-    """(lower, upper) bounds a number of `schema` must keep, each (value, exclusive) or None; with anyOf /
-    oneOf the loosest over the branches that allow a number (a branch with no bound: none)."""
-    if not isinstance(schema, dict):
-        return None, None
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            parts = [_bounds(b) for b in schema[key] if (_kinds(b) or {"number"}) & {"number", "integer"}]
-            if not parts:
-                return None, None
-            lows, highs = [p[0] for p in parts], [p[1] for p in parts]
-            low = None if None in lows else min(lows, key=lambda b: (b[0], b[1]))  # type: ignore[index]
-            high = None if None in highs else max(highs, key=lambda b: (b[0], not b[1]))  # type: ignore[index]
-            return low, high
-
-    def bound(inclusive: str, exclusive: str) -> tuple[float, bool] | None:
-        strict = schema.get(exclusive)
-        if isinstance(strict, (int, float)) and not isinstance(strict, bool):
-            return float(strict), True
-        if isinstance(schema.get(inclusive), (int, float)) and not isinstance(schema.get(inclusive), bool):
-            return float(schema[inclusive]), strict is True  # draft 4: exclusiveMinimum: true
-        return None
-
-    return bound("minimum", "exclusiveMinimum"), bound("maximum", "exclusiveMaximum")
-
-
-def _kind_of(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "string")
-
-
-def _enum_strings(schema: Any) -> list[str] | None:
-    """The allowed strings when a string value must be one of an enum's (None: any string)."""
-    if not isinstance(schema, dict):
-        return None
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"] if v is not None):
-        return [v for v in schema["enum"] if isinstance(v, str)]
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            parts = [_enum_strings(s) for s in schema[key] if "string" in (_kinds(s) or {"string"})]
-            return None if not parts or any(p is None for p in parts) else [v for p in parts for v in p]
-    return None
-
-
-@dataclass
-class _Frame:
-    kind: str  # "object" | "array"
-    role: str  # "call" (a call's object), "args" (its arguments), "other"
-    expect: str = "key"  # object: key | colon | value | comma; array: value | comma
-    key: str | None = None
-    keys: list[str] = field(default_factory=list)
-    schema: Any = None  # what a nested value must be, where a scanner checks it (`reply.ReplyConstraint`)
-
-
-@dataclass
-class _String:
-    allowed: list[str] | None  # the whole string must be one of these (None: any string)
-    is_key: bool
-    text: str = ""
-    escape: bool = False
-
-
-@dataclass
-class _State:
-    mode: str = "text"  # text | json | after (the call's object closed, before </tool_call>)
-    tail: str = ""
-    stack: list[_Frame] = field(default_factory=list)
-    string: _String | None = None
-    literal: str | None = None  # a number, true, false or null being read
-    literal_kind: set[str] | None = None
-    literal_bounds: tuple[Any, Any] = (None, None)
-    name: str | None = None
-
-    def clone(self) -> _State:
-        """A copy to try a token on (deepcopy costs ~10x more, and 64 tries run per decoding step)."""
-        string = self.string
-        return _State(self.mode, self.tail, [_Frame(f.kind, f.role, f.expect, f.key, list(f.keys), f.schema)
-                                             for f in self.stack],
-                      None if string is None else _String(string.allowed, string.is_key, string.text, string.escape),
-                      self.literal, self.literal_kind, self.literal_bounds, self.name)
 
 
 class CallConstraint:
@@ -167,19 +52,20 @@ class CallConstraint:
             schema = fn.get("parameters", fn.get("inputSchema")) or {}
             self.schemas[fn["name"]] = schema if isinstance(schema, dict) else {}
         self.token_text = token_text
-        self.state = _State()
+        self.scanner = CallScanner(self.schemas)
+        self.state = ScanState()
         self.fed = 0
         self.stats = {"steps": 0, "masked": 0, "scans": 0}
-        self._feed(self.state, prefix)
+        self.scanner.feed(self.state, prefix)
 
     # ------------------------------------------------------------------ the engine's hook
 
     def restrict(self, tokens: list[int], logits: torch.Tensor) -> None:
         for token in tokens[self.fed:]:
             try:
-                self._feed(self.state, self.token_text(token))
+                self.scanner.feed(self.state, self.token_text(token))
             except Violation:  # only an unconstrained fallback gets here; stop checking this call
-                self.state = _State(mode="after")
+                self.state = ScanState(mode="after")
         self.fed = len(tokens)
         if self.state.mode != "json":
             return
@@ -205,193 +91,10 @@ class CallConstraint:
         if not text:
             return False
         try:
-            self._feed(self.state.clone(), text)
+            self.scanner.feed(self.state.clone(), text)
         except Violation:
             return False
         return True
-
-    # ------------------------------------------------------------------ the scanner
-
-    def _feed(self, state: _State, text: str) -> None:
-        for char in text:
-            self._char(state, char)
-
-    def _char(self, state: _State, c: str) -> None:
-        if state.mode != "json":
-            state.tail = (state.tail + c)[-len(CLOSE):]
-            if state.mode == "text" and state.tail.endswith(OPEN):
-                state.mode, state.stack, state.name = "json", [], None
-            elif state.mode == "after" and state.tail.endswith(CLOSE):
-                state.mode = "text"
-            return
-        if state.string is not None:
-            self._string_char(state, c)
-            return
-        if state.literal is not None:
-            if c in _NUMBER or c.isalpha():
-                self._literal(state, state.literal + c, final=False)
-                return
-            self._literal(state, state.literal, final=True)
-            state.literal = None
-            self._value_done(state)
-        if c in _WHITESPACE:
-            return
-        if not state.stack:
-            if c != "{":
-                raise Violation("a call is a JSON object")
-            state.stack.append(_Frame("object", "call"))
-            return
-        frame = state.stack[-1]
-        if frame.expect == "key" and frame.kind == "object":
-            if c == '"':
-                state.string = _String(self._unused(state, frame), is_key=True)
-            elif c == "}" and not frame.keys:
-                self._close(state)
-            else:
-                raise Violation(f"expected a key, got {c!r}")
-        elif frame.expect == "colon":
-            if c != ":":
-                raise Violation(f"expected ':', got {c!r}")
-            frame.expect = "value"
-        elif frame.expect == "value":
-            if frame.kind == "array" and c == "]" and not frame.keys:
-                self._close(state)
-                return
-            self._start_value(state, frame, c)
-        elif frame.expect == "comma":
-            closer = "}" if frame.kind == "object" else "]"
-            if c == ",":
-                if frame.kind == "object":
-                    if self._unused(state, frame) == []:
-                        raise Violation("every argument the tool declares is written")
-                    frame.expect = "key"
-                else:
-                    frame.expect = "value"
-            elif c == closer:
-                self._close(state)
-            else:
-                raise Violation(f"expected ',' or {closer!r}, got {c!r}")
-
-    def _string_char(self, state: _State, c: str) -> None:
-        s = state.string
-        assert s is not None
-        if s.escape:
-            s.escape = False
-            s.text += "\\" + c
-        elif c == "\\":
-            if s.allowed is not None:
-                raise Violation("no escapes in a name, a key or an enum value")
-            s.escape = True
-            return
-        elif c == '"':
-            if s.allowed is not None and s.text not in s.allowed:
-                raise Violation(f"{s.text!r} is not one of {s.allowed}")
-            state.string = None
-            frame = state.stack[-1]
-            if s.is_key:
-                frame.key = s.text
-                frame.keys.append(s.text)
-                frame.expect = "colon"
-            else:
-                if frame.role == "call" and frame.key == "name":
-                    state.name = s.text
-                self._value_done(state)
-            return
-        else:
-            s.text += c
-        if s.allowed is not None and not any(a.startswith(s.text) for a in s.allowed):
-            raise Violation(f"{s.text!r} starts none of {s.allowed}")
-
-    def _start_value(self, state: _State, frame: _Frame, c: str) -> None:
-        schema = self._value_schema(state, frame)
-        kinds = _kinds(schema) if schema is not None else None
-        if frame.role == "call" and frame.key == "name":
-            kinds = {"string"}
-        if kinds is not None:
-            firsts = "".join(_FIRST.get(k, "") for k in kinds)
-            if c not in firsts:
-                raise Violation(f"a value of kind {sorted(kinds)} cannot start with {c!r}")
-        if frame.kind == "array":
-            frame.keys.append("")  # counts items, so ']' after a ',' is refused
-        if c == '"':
-            allowed = list(self.schemas) if frame.role == "call" and frame.key == "name" else _enum_strings(schema)
-            state.string = _String(allowed, is_key=False)
-        elif c == "{":
-            role = "args" if frame.role == "call" and frame.key == "arguments" else "other"
-            state.stack.append(_Frame("object", role))
-        elif c == "[":
-            state.stack.append(_Frame("array", "other", expect="value"))
-        elif c in _NUMBER or c.isalpha():
-            state.literal_kind, state.literal_bounds = kinds, _bounds(schema)
-            self._literal(state, c, final=False)
-        else:
-            raise Violation(f"no JSON value starts with {c!r}")
-
-    def _literal(self, state: _State, text: str, *, final: bool) -> None:
-        kinds = state.literal_kind
-        if text[0].isalpha():
-            if not any(word.startswith(text) for word in _LITERALS) or (final and text not in _LITERALS):
-                raise Violation(f"{text!r} is not true, false or null")
-        elif any(ch.isalpha() and ch not in "eE" for ch in text):
-            raise Violation(f"{text!r} is not a number")
-        elif kinds is not None and "number" not in kinds and "integer" in kinds and any(ch in ".eE" for ch in text):
-            raise Violation(f"{text!r} is not an integer")
-        else:
-            self._in_bounds(text, state.literal_bounds, final=final)
-        state.literal = text
-
-    @staticmethod
-    def _in_bounds(text: str, bounds: tuple[Any, Any], *, final: bool) -> None:
-        low, high = bounds
-        mantissa = text.lower().split("e")[0]
-        if low is not None and low[0] >= 0 and text.startswith("-") and (
-                low[0] > 0 or low[1] or any(ch in "123456789" for ch in mantissa)):
-            raise Violation(f"{text!r} is below the minimum {low[0]:g}")
-        if not final:
-            return
-        try:
-            value = float(text)
-        except ValueError:
-            raise Violation(f"{text!r} is not a number") from None
-        if low is not None and (value < low[0] or (low[1] and value == low[0])):
-            raise Violation(f"{text!r} is below the {'exclusive ' if low[1] else ''}minimum {low[0]:g}")
-        if high is not None and (value > high[0] or (high[1] and value == high[0])):
-            raise Violation(f"{text!r} is above the {'exclusive ' if high[1] else ''}maximum {high[0]:g}")
-
-    def _value_done(self, state: _State) -> None:
-        frame = state.stack[-1]
-        frame.expect = "comma"
-
-    def _close(self, state: _State) -> None:
-        frame = state.stack[-1]
-        if frame.role == "args":
-            schema = self.schemas.get(state.name or "")
-            missing = [k for k in (schema or {}).get("required") or [] if k not in frame.keys]
-            if schema is not None and missing:
-                raise Violation(f"required argument(s) missing: {', '.join(missing)}")
-        state.stack.pop()
-        if state.stack:
-            self._value_done(state)
-        else:
-            state.mode, state.tail = "after", ""
-
-    def _args_schema(self, state: _State) -> dict[str, Any] | None:
-        return self.schemas.get(state.name) if state.name is not None else None
-
-    def _unused(self, state: _State, frame: _Frame) -> list[str] | None:
-        """Keys an `args` object may still take (None: any key)."""
-        if frame.role != "args":
-            return None
-        props = (self._args_schema(state) or {}).get("properties")
-        if not props:
-            return None
-        return [k for k in props if k not in frame.keys]
-
-    def _value_schema(self, state: _State, frame: _Frame) -> Any:
-        if frame.role != "args":
-            return None
-        props = (self._args_schema(state) or {}).get("properties") or {}
-        return props.get(frame.key)
 
 
 class TokenText:

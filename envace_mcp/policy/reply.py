@@ -8,7 +8,7 @@ first and then holds the reply to it:
 - the first token decides: an error reply (`Error executing tool …`, how MCP servers' failures read) or
   a result — for a tool with an `outputSchema`, a JSON value of its kind (an object for object schemas,
   each key one the schema declares, the object closed only once every required key is there:
-  `constrained.CallConstraint`'s scanner); without one, JSON or plain text, never markup;
+  `json_prefix.CallScanner`); without one, JSON or plain text, never markup;
 - `p_error` is read off that first decision: the probability mass the model puts on tokens that open an
   error, over the mass on tokens that open either kind of reply (the 256 likeliest tokens: the rest
   carry nothing measurable). It is the model's own P(error), whatever the greedy choice;
@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from envace_mcp.policy.constrained import CallConstraint, TokenText, Violation, _State
+from envace_mcp.policy.constrained import TokenText
+from envace_mcp.policy.json_prefix import CallScanner, ScanState, Violation
 
 ERROR_OPENING = "Error"
 """How an MCP server's failure reads in its tool message (`Error executing tool <name>: …`)."""
@@ -64,7 +65,8 @@ class ReplyConstraint:
         """Template tokens (`<|im_start|>`): inside a JSON value they are text no server writes."""
         self.stops = tuple(s for s in stops if s)
         """Stop strings (the tool turn's close): written inside a JSON string they would cut it short."""
-        self.scanner = _ReplyScanner(self.schema if self.wants_object else {}, token_text)
+        self.scanner = _ReplyScanner(self.schema if self.wants_object else {})
+        self.state = self.scanner.start()
         self.branch: str | None = None  # "error" | "json" | "text", once the reply's first characters decide
         self.text = ""
         self.fed = 0
@@ -101,7 +103,7 @@ class ReplyConstraint:
                 self.branch = "json"
                 text = self.text.lstrip()
             try:
-                self._feed(self.scanner.state, text)
+                self._feed(self.state, text)
             except Violation:  # only a fallback token gets here: stop holding this reply
                 self.branch = "text"
             return
@@ -145,7 +147,7 @@ class ReplyConstraint:
             return None
         if self._opens_json(candidate):
             try:
-                self._feed(self.scanner.state.clone(), candidate)
+                self._feed(self.state.clone(), candidate)
             except Violation:
                 return None
             return "result"
@@ -180,12 +182,12 @@ class ReplyConstraint:
         if self.stops and any(stop in self.text[-64:] + text for stop in self.stops):
             return False
         try:
-            self._feed(self.scanner.state.clone(), text)
+            self._feed(self.state.clone(), text)
         except Violation:
             return False
         return True
 
-    def _feed(self, state: _State, text: str) -> None:
+    def _feed(self, state: ScanState, text: str) -> None:
         """The scanner's, stricter where a reply must be JSON a parser reads: no control character inside
         a string, no number past `MAX_NUMBER` characters, no run of blank space past `MAX_BLANK` (a
         small model loops on newlines or digits until the budget is spent)."""
@@ -198,14 +200,14 @@ class ReplyConstraint:
                     raise Violation("a run of blank space")
             elif state.string is None:
                 state.tail = ""
-            self.scanner._char(state, c)
+            self.scanner.char(state, c)
             if state.literal is not None and state.literal[0] in "-0123456789" and (
                     len(state.literal) > MAX_NUMBER or not _NUMBER_PREFIX.fullmatch(state.literal)):
                 raise Violation(f"{state.literal!r} does not start a JSON number")
 
     def _complete(self) -> bool:
         """Whether the reply's JSON value is whole (a number at the top level: once it reads as one)."""
-        state: _State = self.scanner.state
+        state = self.state
         if len(state.stack) != 1 or state.string is not None:
             return False
         if state.literal is not None:
@@ -217,14 +219,20 @@ class ReplyConstraint:
         return state.stack[0].expect == "comma"
 
 
-class _ReplyScanner(CallConstraint):
-    """`CallConstraint`'s scanner on one reply (the arguments of a call named "reply"), checking nested
-    objects and array items too: each key one its schema declares, every required one before it closes
-    (FastMCP's nested models arrive as `$ref`s into `$defs`)."""
+class _ReplyScanner(CallScanner):
+    """The call scanner on one reply (the arguments of a call named "reply"), checking nested objects and
+    array items too: each key one its schema declares, every required one before it closes (FastMCP's
+    nested models arrive as `$ref`s into `$defs`)."""
 
-    def __init__(self, schema: dict[str, Any], token_text: TokenText) -> None:
+    def __init__(self, schema: dict[str, Any]) -> None:
         self.root = schema
-        super().__init__([{"name": "reply", "inputSchema": schema}], token_text, prefix=_PREFIX)
+        super().__init__({"reply": schema})
+
+    def start(self) -> ScanState:
+        """The state at the reply's first character: inside the arguments of a call to "reply"."""
+        state = ScanState()
+        self.feed(state, _PREFIX)
+        return state
 
     def _resolve(self, schema: Any, depth: int = 0) -> Any:
         """`schema` with a local `$ref` followed and a nullable `anyOf` / `oneOf` narrowed to its one
@@ -243,9 +251,9 @@ class _ReplyScanner(CallConstraint):
                 return self._resolve(branches[0], depth + 1)
         return schema
 
-    def _value_schema(self, state: _State, frame: Any) -> Any:
+    def value_schema(self, state: ScanState, frame: Any) -> Any:
         if frame.role == "args":
-            return self._resolve(super()._value_schema(state, frame))
+            return self._resolve(super().value_schema(state, frame))
         schema = self._resolve(frame.schema)
         if not isinstance(schema, dict):
             return None
@@ -253,27 +261,27 @@ class _ReplyScanner(CallConstraint):
             return self._resolve(schema.get("items"))
         return self._resolve((schema.get("properties") or {}).get(frame.key))
 
-    def _start_value(self, state: _State, frame: Any, c: str) -> None:
-        schema = self._value_schema(state, frame) if frame.role != "call" else None
+    def start_value(self, state: ScanState, frame: Any, c: str) -> None:
+        schema = self.value_schema(state, frame) if frame.role != "call" else None
         depth = len(state.stack)
-        super()._start_value(state, frame, c)
+        super().start_value(state, frame, c)
         if len(state.stack) > depth and state.stack[-1].role == "other":
             state.stack[-1].schema = schema
 
-    def _unused(self, state: _State, frame: Any) -> list[str] | None:
+    def unused(self, state: ScanState, frame: Any) -> list[str] | None:
         if frame.role != "other" or frame.kind != "object":
-            return super()._unused(state, frame)
+            return super().unused(state, frame)
         props = (self._resolve(frame.schema) or {}).get("properties") if isinstance(self._resolve(frame.schema), dict) else None
         return [k for k in props if k not in frame.keys] if props else None
 
-    def _close(self, state: _State) -> None:
+    def close(self, state: ScanState) -> None:
         frame = state.stack[-1]
         schema = self._resolve(frame.schema)
         if frame.role == "other" and frame.kind == "object" and isinstance(schema, dict):
             missing = [k for k in schema.get("required") or [] if k not in frame.keys]
             if missing:
                 raise Violation(f"required field(s) missing: {', '.join(missing)}")
-        super()._close(state)
+        super().close(state)
 
 
 def _keep(logits: torch.Tensor, allowed: list[int]) -> None:

@@ -9,7 +9,8 @@ from envace_mcp.engine.types import Job
 from envace_mcp.errors import UserError
 from envace_mcp.eval.evaluate import EvalConfig
 from envace_mcp.policy import ActRequest, RehearseRequest, SamplingParams, ToolCall, load_policy
-from envace_mcp.policy.constrained import CallConstraint, TokenText, Violation
+from envace_mcp.policy.constrained import CallConstraint, TokenText
+from envace_mcp.policy.json_prefix import Violation
 from envace_mcp.policy.prompts import render_act
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +30,7 @@ def tools(bank_catalog):
 
 def _check(tools, token_text, text):
     constraint = CallConstraint(tools, token_text)
-    constraint._feed(constraint.state, text)
+    constraint.scanner.feed(constraint.state, text)
     return constraint.state
 
 
