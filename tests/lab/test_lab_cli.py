@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from envace_mcp.cli import app
 from envace_mcp.traces import Trace, TraceStore
 
-ANALYSES = ["gate_confidence", "gate_evidence", "group_signal", "probe_mix", "prompt_tokens", "rehearse_replay",
-            "training_evidence", "tts_memory_control"]
+ANALYSES = ["gate_confidence", "gate_evidence", "group_signal", "inventory_failures", "probe_mix", "prompt_tokens",
+            "rehearse_replay", "training_evidence", "tts_memory_control"]
 
 
 def test_the_research_tools_live_under_lab_and_their_old_names_are_gone():
