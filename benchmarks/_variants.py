@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 
 def reference_traces(folder: str | None, limit: int) -> str:
@@ -51,3 +52,15 @@ def run_each(script: str, argv: list[str], names: list[str], label: str) -> dict
                 results[name] = f"failed (rc {out.returncode}; -9 = killed, e.g. out of memory): {last!r}"
             progress.advance(last=name)
     return results
+
+
+def print_each(results: dict[str, dict | str], width: int, line: Any) -> None:
+    """One line per variant: its name, then `line(result, ratio)` (`ratio`: the first variant's seconds over
+    this one's, from each result's "seconds"), or why it has no result."""
+    base = next(iter(results.values()), None)
+    for name, got in results.items():
+        if isinstance(got, str):
+            print(f"{name:{width}s} {got}")
+            continue
+        ratio = f"x{base['seconds'] / got['seconds']:.2f}" if isinstance(base, dict) else "-"
+        print(f"{name:{width}s} {line(got, ratio)}")

@@ -85,7 +85,7 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args.traces, args.runs, args.steps, args.variant)))
         return
-    from _variants import reference_traces, run_each
+    from _variants import print_each, reference_traces, run_each
 
     from envace_mcp.engine.model import machine
 
@@ -93,15 +93,9 @@ def main() -> None:
     print(f"{machine()}; LoRA r 16, checkpointing, the learner's defaults otherwise")
     argv = ["--traces", folder, "--runs", str(args.runs), "--steps", str(args.steps)]
     results = run_each(__file__, argv, args.variants, "GRPO update variants")
-    base = results[args.variants[0]]
-    for name, r in results.items():
-        if isinstance(r, str):
-            print(f"{name:38s} {r}")
-            continue
-        ratio = f"x{base['seconds'] / r['seconds']:.2f}" if isinstance(base, dict) else "-"
-        print(f"{name:38s} {r['seconds']:6.1f} s/update (first {r['first']:5.1f})  {ratio}  "
-              f"{r['segments']} segments, {r['tokens']} completion tokens  peak {r['peak_mb']:6.0f} MB  "
-              f"loss {r['loss']:.5f}")
+    print_each(results, 38, lambda r, ratio: (
+        f"{r['seconds']:6.1f} s/update (first {r['first']:5.1f})  {ratio}  {r['segments']} segments, "
+        f"{r['tokens']} completion tokens  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}"))
 
 if __name__ == "__main__":
     main()

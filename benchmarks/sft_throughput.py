@@ -104,7 +104,7 @@ def main() -> None:
         print(json.dumps(run_variant(args.traces, args.rows, args.batch_size, args.variant, args.steps)))
         return
 
-    from _variants import reference_traces, run_each
+    from _variants import print_each, reference_traces, run_each
 
     from envace_mcp.engine.model import machine
 
@@ -112,17 +112,12 @@ def main() -> None:
     print(f"{machine()}; bf16 autocast, LoRA r 16, checkpointing")
     argv = ["--traces", folder, "--rows", str(args.rows), "--batch-size", str(args.batch_size), "--steps", str(args.steps)]
     results = run_each(__file__, argv, args.variants, "SFT variants")
-    base = results[args.variants[0]]
     first = next((r for r in results.values() if isinstance(r, dict)), None)
     if first is not None:
         print(f"{first['rows']} rows ({first['tokens']} tokens, {first['targets']} trained), batches of {args.batch_size}")
-    for name, r in results.items():
-        if isinstance(r, str):
-            print(f"{name:44s} {r}")
-            continue
-        ratio = f"x{base['seconds'] / r['seconds']:.2f}" if isinstance(base, dict) else "-"
-        print(f"{name:44s} {r['seconds']:7.1f} s/step (first {r['first']:5.1f}) {r['tokens'] / r['seconds']:7.1f} tok/s "
-              f"{ratio:>6s}  {r['packed_tokens']:6d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}")
+    print_each(results, 44, lambda r, ratio: (
+        f"{r['seconds']:7.1f} s/step (first {r['first']:5.1f}) {r['tokens'] / r['seconds']:7.1f} tok/s "
+        f"{ratio:>6s}  {r['packed_tokens']:6d} tokens run  peak {r['peak_mb']:6.0f} MB  loss {r['loss']:.5f}"))
 
 if __name__ == "__main__":
     main()
