@@ -89,6 +89,8 @@ def _enum_strings(schema: Any) -> list[str] | None:
 
 @dataclass
 class Frame:
+    """One open object or array, and what it expects next."""
+
     kind: str  # "object" | "array"
     role: str  # "call" (a call's object), "args" (its arguments), "other"
     expect: str = "key"  # object: key | colon | value | comma; array: value | comma
@@ -99,6 +101,8 @@ class Frame:
 
 @dataclass
 class JsonString:
+    """A string being read: a key, a tool's name, an enum value or a free string."""
+
     allowed: list[str] | None  # the whole string must be one of these (None: any string)
     is_key: bool
     text: str = ""
@@ -107,6 +111,9 @@ class JsonString:
 
 @dataclass
 class ScanState:
+    """Where a scan is: in free text, inside a call's JSON (its open objects and arrays, a string or a
+    literal being read, the tool named), or after the call's object closed."""
+
     mode: str = "text"  # text | json | after (the call's object closed, before </tool_call>)
     tail: str = ""
     stack: list[Frame] = field(default_factory=list)
@@ -120,9 +127,9 @@ class ScanState:
         """A copy to try a token on (deepcopy costs ~10x more, and 64 tries run per decoding step)."""
         string = self.string
         return ScanState(self.mode, self.tail, [Frame(f.kind, f.role, f.expect, f.key, list(f.keys), f.schema)
-                                             for f in self.stack],
-                      None if string is None else JsonString(string.allowed, string.is_key, string.text, string.escape),
-                      self.literal, self.literal_kind, self.literal_bounds, self.name)
+                                                for f in self.stack],
+                         None if string is None else JsonString(string.allowed, string.is_key, string.text, string.escape),
+                         self.literal, self.literal_kind, self.literal_bounds, self.name)
 
 
 class CallScanner:
