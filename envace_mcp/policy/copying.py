@@ -137,7 +137,7 @@ class RuleTable:
         rules = self.for_tool(request.tool)
         if not rules or prediction.status != "result" or not isinstance(prediction.result, dict):
             return prediction
-        earlier = latest_values(m.content for m in request.history if isinstance(m, ToolMessage))
+        earlier = latest_values(_text(m.content) for m in request.history if isinstance(m, ToolMessage))
         result, copied = json.loads(json.dumps(prediction.result)), []
         for rule in rules:
             found, value = rule.value(request.call.arguments, earlier)
@@ -146,6 +146,13 @@ class RuleTable:
         if not copied:
             return prediction
         return prediction.model_copy(update={"result": result, "copied": copied})
+
+
+def _text(content: Any) -> Any:
+    """A tool message's content as the reply's text (content blocks joined), as the fit read replies."""
+    if isinstance(content, list):
+        return "".join(b.get("text", "") if isinstance(b, dict) else str(b) for b in content)
+    return content
 
 
 def _set(obj: dict[str, Any], path: str, value: Any) -> bool:

@@ -53,8 +53,9 @@ def request(arguments, history=(), spec=SPEC):
 def test_a_rehearsal_takes_ruled_fields_from_the_call_and_the_run_and_says_which(tmp_path):
     write_rules(tmp_path, learn(reservations(20)), {"reserve": (SPEC.server, SPEC.behaviour)})
     table = read_rules(tmp_path)
-    history = [HumanMessage(content="hold 2 trays"), AIMessage(content=""),
-               ToolMessage(content=json.dumps({"sku": "OFF-7", "item_name": "Paper Tray"}), tool_call_id="c0")]
+    history = [HumanMessage(content="hold 2 trays"), AIMessage(content=""),  # a reply as content blocks, too
+               ToolMessage(content=[{"type": "text", "text": json.dumps({"sku": "OFF-7", "item_name": "Paper Tray"})}],
+                           tool_call_id="c0")]
     guess = Prediction(tool="reserve", status="result", text="{...}",
                        result={"id": "RSV-1", "sku": "OFF-1", "quantity": 9, "item_name": "Desk", "total": 19.0})
     got = table.apply(guess, request({"sku": "OFF-7", "quantity": 2, "customer": "Hana"}, history))
