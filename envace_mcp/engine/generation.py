@@ -39,7 +39,7 @@ from envace_mcp.engine.batcher import Batcher, ListFeed
 from envace_mcp.engine.invariant import PREFILL_CHUNK, row_tile
 from envace_mcp.engine.lora import merged_lora
 from envace_mcp.engine.model import cache_keyword, dense_head_input, weights_key
-from envace_mcp.engine.prefix_cache import PrefixCache, cache_layers
+from envace_mcp.engine.prefix_cache import PrefixCache, cache_layers, cache_of
 from envace_mcp.engine.sampling import sample
 from envace_mcp.engine.scoring import ScoreRequest, logits_after_cached, logprobs_of
 from envace_mcp.engine.turns import eos_ids
@@ -254,18 +254,14 @@ class Engine:
         """Per-layer (keys, values) of one prompt, the logits after its last token, and the cache.
         `canonical` (a batch-invariant row's prompt): prefilled in `PREFILL_CHUNK`-token chunks at fixed
         positions, reusing only whole chunks that were prefilled so (`invariant`)."""
-        from transformers import DynamicCache
-
         if not prompt_ids:
             raise UserError("cannot generate from an empty prompt")
-        cache = DynamicCache(config=self.model.config)
         plain = self.plain_cache  # (a sliding-window layer keeps only its window: no prefix to reuse)
         reused, kv, source = self.prefix_cache.lookup(prompt_ids, canonical=canonical) if plain else (0, [], None)
         chunk = PREFILL_CHUNK if canonical else len(prompt_ids)
         if canonical:  # whole chunks only: a token's keys/values then never depend on the prompt that made them
             reused -= reused % chunk
-        for layer, (keys, values) in enumerate(kv):
-            cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
+        cache = cache_of(self.model.config, kv, reused)
         del kv  # the cache holds them now; each layer's goes once the forward extends it
         for start in range(reused, len(prompt_ids), chunk):
             end = min(start - start % chunk + chunk, len(prompt_ids))  # chunks at fixed positions

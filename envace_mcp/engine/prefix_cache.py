@@ -121,6 +121,17 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return i
 
 
+def cache_of(config: Any, kv: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> Any:
+    """A transformers `DynamicCache` holding the first `length` positions of `kv` (a `lookup`'s keys/values),
+    for a forward pass to extend."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    for layer, (keys, values) in enumerate(kv):
+        cache.update(keys[:, :, :length], values[:, :, :length], layer)
+    return cache
+
+
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]

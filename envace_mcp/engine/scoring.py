@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from envace_mcp.engine.prefix_cache import PrefixCache
+from envace_mcp.engine.prefix_cache import PrefixCache, cache_of
 
 
 @dataclass
@@ -36,15 +36,11 @@ def logits_after_cached(model: Any, cache_kw: str, prefix_cache: PrefixCache, pr
                         completion_ids: list[int]) -> tuple[torch.Tensor, int]:
     """Logits [completion, vocabulary] predicting each completion token, and how many prompt tokens'
     keys/values came from `prefix_cache` (all but the prompt's last where it holds the prompt)."""
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     ids = prompt_ids + completion_ids
     reused, kv, _ = prefix_cache.lookup(ids)
     reused = min(reused, len(prompt_ids) - 1)  # the prompt's last token gives the first logits
-    cache = DynamicCache(config=model.config)
-    for layer, (keys, values) in enumerate(kv):
-        cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
+    cache = cache_of(model.config, kv, reused)
     del kv
     rest = torch.tensor([ids[reused:]], dtype=torch.long, device=device)
     positions = torch.arange(reused, len(ids), device=device)[None, :]
