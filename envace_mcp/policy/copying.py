@@ -28,6 +28,7 @@ from langchain_core.messages import ToolMessage
 
 from envace_mcp._files import read_bounded
 from envace_mcp.policy.fidelity import field_name, latest_values, leaves, parsed_json, same_value
+from envace_mcp.policy.prompts import content_text
 from envace_mcp.policy.types import Prediction, RehearseRequest
 
 RULES_FILE = "copy_rules.json"
@@ -137,7 +138,7 @@ class RuleTable:
         rules = self.for_tool(request.tool)
         if not rules or prediction.status != "result" or not isinstance(prediction.result, dict):
             return prediction
-        earlier = latest_values(_text(m.content) for m in request.history if isinstance(m, ToolMessage))
+        earlier = latest_values(content_text(m.content) for m in request.history if isinstance(m, ToolMessage))
         result, copied = json.loads(json.dumps(prediction.result)), []
         for rule in rules:
             found, value = rule.value(request.call.arguments, earlier)
@@ -146,13 +147,6 @@ class RuleTable:
         if not copied:
             return prediction
         return prediction.model_copy(update={"result": result, "copied": copied})
-
-
-def _text(content: Any) -> Any:
-    """A tool message's content as the reply's text (content blocks joined), as the fit read replies."""
-    if isinstance(content, list):
-        return "".join(b.get("text", "") if isinstance(b, dict) else str(b) for b in content)
-    return content
 
 
 def _set(obj: dict[str, Any], path: str, value: Any) -> bool:

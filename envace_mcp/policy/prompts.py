@@ -78,7 +78,8 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's content as text: a string as it is, content blocks' text joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -123,11 +124,11 @@ def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
     chat: list[ChatMessage] = []
     for message in messages:
         if isinstance(message, SystemMessage):
-            chat.append({"role": "system", "content": _text(message.content)})
+            chat.append({"role": "system", "content": content_text(message.content)})
         elif isinstance(message, HumanMessage):
-            chat.append({"role": "user", "content": _text(message.content)})
+            chat.append({"role": "user", "content": content_text(message.content)})
         elif isinstance(message, AIMessage):
-            entry: ChatMessage = {"role": "assistant", "content": _text(message.content)}
+            entry: ChatMessage = {"role": "assistant", "content": content_text(message.content)}
             if message.tool_calls:
                 entry["tool_calls"] = [
                     {"type": "function", "id": c.get("id"), "function": {"name": c["name"], "arguments": c["args"]}}
@@ -135,9 +136,9 @@ def to_chat(messages: list[BaseMessage]) -> list[ChatMessage]:
                 ]
             chat.append(entry)
         elif isinstance(message, ToolMessage):
-            chat.append({"role": "tool", "content": clip_output(_text(message.content)), "name": message.name or ""})
+            chat.append({"role": "tool", "content": clip_output(content_text(message.content)), "name": message.name or ""})
         else:
-            chat.append({"role": "user", "content": _text(message.content)})
+            chat.append({"role": "user", "content": content_text(message.content)})
     return chat
 
 
@@ -271,7 +272,7 @@ def observations_only(messages: list[BaseMessage]) -> list[BaseMessage]:
             continue
         if isinstance(message, AIMessage) and any(c.get("id") in refused for c in message.tool_calls):
             calls = [c for c in message.tool_calls if c.get("id") not in refused]
-            if not calls and not _text(message.content).strip():
+            if not calls and not content_text(message.content).strip():
                 continue
             message = message.model_copy(update={"tool_calls": calls})
         kept.append(message)
@@ -285,12 +286,12 @@ def serialise_history(messages: list[BaseMessage]) -> str:
         if isinstance(message, SystemMessage):
             continue
         if isinstance(message, HumanMessage):
-            lines.append(f"User: {_text(message.content)}")
+            lines.append(f"User: {content_text(message.content)}")
         elif isinstance(message, AIMessage):
-            parts = [_text(message.content)] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
+            parts = [content_text(message.content)] + [tool_call_text(c["name"], c["args"]) for c in message.tool_calls]
             lines.append("Assistant: " + "\n".join(p for p in parts if p))
         elif isinstance(message, ToolMessage):
-            lines.append(f"Tool[{message.name or 'tool'}]: {clip_output(_text(message.content))}")
+            lines.append(f"Tool[{message.name or 'tool'}]: {clip_output(content_text(message.content))}")
     return "\n".join(lines) if lines else "<empty>"
 
 
@@ -342,7 +343,7 @@ def inline_context(request: RehearseRequest) -> ActRequest:
     messages = observations_only(request.history)
     for i, message in enumerate(messages):
         if isinstance(message, HumanMessage):
-            return ActRequest(task=_text(message.content), messages=messages[i + 1:], tools=list(request.allowed))
+            return ActRequest(task=content_text(message.content), messages=messages[i + 1:], tools=list(request.allowed))
     return ActRequest(task="", messages=messages, tools=list(request.allowed))
 
 

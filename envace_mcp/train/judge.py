@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
+from envace_mcp.policy.prompts import content_text
 from envace_mcp.toolbox.result import NOT_THE_SERVERS, ToolResult
 from envace_mcp.traces.schema import STOPPED, Trace
 
@@ -193,7 +194,8 @@ class ChatJudge:
         messages: list[Any] = [(m["role"], m["content"]) for m in chat]
         problem = ""
         for _ in range(2):
-            reply = _text(self.model.invoke(messages))
+            answer = self.model.invoke(messages)
+            reply = content_text(getattr(answer, "content", answer))
             try:
                 scores = read_scores(reply, len(traces))
             except ValueError as exc:
@@ -204,13 +206,6 @@ class ChatJudge:
                     for i, (score, why) in enumerate(scores, 1)]
         why = f"the judge's reply could not be read, twice: {problem}"
         return [(None, {"unscorable": why}) for _ in traces]
-
-
-def _text(message: Any) -> str:
-    content = getattr(message, "content", message)
-    if isinstance(content, list):
-        content = "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
-    return content if isinstance(content, str) else str(content)
 
 
 def read_scores(reply: str, n: int) -> list[tuple[float, str]]:
