@@ -48,14 +48,11 @@ def suite_calls(folder: str | None) -> str:
 
 
 def one(args: argparse.Namespace) -> None:
-    import torch
-
     import envace_mcp.worldmodel.measure as measuring
     from envace_mcp.policy import load_policy
     from envace_mcp.policy.embedded import embedded_adapter
     from envace_mcp.worldmodel.fit import measure, read_calls
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads()))
     _, calls, _ = read_calls(args.traces)
     calls = calls[: args.calls]
     policy = load_policy(None, adapter=args.adapter or str(embedded_adapter()))
