@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from envace_mcp._text import visible
 from envace_mcp.policy.fidelity import parsed_json
 from envace_mcp.toolbox import ToolResult
 
@@ -82,9 +83,10 @@ def main() -> None:
             key = (c.tool, *why(c, [e for e in by_run[c.episode] if e.index < c.index], skus))
             counts[key] += 1
             foreseen[key] += predicted.get((c.episode, c.index)) == "tool_error"
-    print(f"{sum(counts.values())} held-out failures; foreseen by the world model in {args.fit}: {sum(foreseen.values())}")
+    print(f"{sum(counts.values())} held-out failures; foreseen by the world model in {visible(args.fit)}: "
+          f"{sum(foreseen.values())}")
     for (tool, what, where), n in counts.most_common():
-        print(f"{n:4d}  {tool:20s} {what:28s} decided by {where:20s} foreseen {foreseen[(tool, what, where)]}")
+        print(f"{n:4d}  {visible(tool):20s} {what:28s} decided by {where:20s} foreseen {foreseen[(tool, what, where)]}")
     for where in SOURCES:
         print(f"decided by {where}: {sum(n for k, n in counts.items() if k[2] == where)}")
 
