@@ -34,17 +34,19 @@ def fit_command(
     max_calls: Annotated[int, typer.Option(min=0, help="train on whole runs up to N calls, and measure on held-out "
                                                        "runs up to 200 calls (0: all of both)")] = 200,
     config: Annotated[Optional[list[str]], typer.Option(
-        "--config", "-c", help="training settings (SFTConfig): a JSON file or key=value pairs, e.g. -c epochs=3,lr=1e-4")] = None,
+        "--config", "-c", help="training settings (SFTConfig; fit trains 1 epoch unless told): a JSON file or key=value "
+                                         "pairs, e.g. -c epochs=2,lr=1e-4")] = None,
 ) -> None:
     """Train the rehearse role on the real replies of your runs, hold out a seeded share of runs, and write
     the adapter with report.json, report.png and trust.json."""
     from envace_mcp.config import build
     from envace_mcp.policy.embedded import default_adapter
     from envace_mcp.train.config import SFTConfig
-    from envace_mcp.worldmodel.fit import MAX_HELD, read_calls, split
+    from envace_mcp.worldmodel.fit import EPOCHS, MAX_HELD, read_calls, split
 
     try:
-        settings = build(SFTConfig, *_config_layers(config, SFTConfig), {"seed": seed}, where="envace world-model fit")
+        settings = build(SFTConfig, {"epochs": EPOCHS}, *_config_layers(config, SFTConfig), {"seed": seed},
+                         where="envace world-model fit")
         _, calls, unknown = read_calls(traces)  # bad input fails before the model loads
         caps = (max_calls or None, MAX_HELD if max_calls else None)
         train, held, how = split(calls, holdout, seed, *caps)
@@ -226,3 +228,14 @@ def show(result: dict[str, Any], title: str) -> None:
         console.print(f"copied by rule, not generated: {sum(map(len, rules.values()))} fields of {len(rules)} tools, "
                       "each equal to an argument or an earlier value in ≥ 95 % of the training replies "
                       "(report.json: copy_rules)")
+    decided = result.get("status_rules")
+    if decided:
+        by_rule = overall.get("by_rule") or {}
+        console.print(f"failures predicted by rule, not generated: {sum(map(len, decided.values()))} rules of "
+                      f"{len(decided)} tools, each a fact of the call or the run that came with a failure in ≥ 90 % "
+                      f"of the training calls; here {by_rule.get('calls', 0)} calls, {by_rule.get('failed', 0)} of them "
+                      f"failed; the model alone: status {_figure(overall.get('model_status_accuracy'))} "
+                      "(report.json: status_rules)")
+    elif decided == {}:  # a fit learned none (a folder without status_rules.json says nothing)
+        console.print("no status rule: no fact of a call or its run came with a failure in ≥ 90 % of 5 or more "
+                      f"training calls of one tool; the model alone: status {_figure(overall.get('model_status_accuracy'))}")

@@ -322,7 +322,8 @@ def outcome_text(prediction: Prediction | None) -> str:
         return "not rehearsed"
     sure = f", P(error) {prediction.p_error:.2f}" if prediction.p_error is not None else ""
     if prediction.status == "result":
-        return visible(f"succeeds{sure}, returning {json.dumps(prediction.result, ensure_ascii=False)}")
+        cut = " (cut at the rehearsal's token budget: what follows is unknown)" if prediction.code == "CUT" else ""
+        return visible(f"succeeds{sure}, returning {json.dumps(prediction.result, ensure_ascii=False)}{cut}")
     if prediction.status == "tool_error":
         return visible(f"fails ({prediction.code}: {prediction.message or prediction.details or 'error'}){sure}")
     wrote = f"; it wrote: {prediction.text}" if prediction.text else ""

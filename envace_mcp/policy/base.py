@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from envace_mcp.errors import UserError
-from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction, parse_tool_turn
+from envace_mcp.policy.parsing import loads_lenient, parse_act, parse_critique, parse_prediction, parse_tool_turn
 from envace_mcp.policy.prompts import ChatMessage, render_act, render_critique, render_inline, render_rehearse
 from envace_mcp.policy.types import (
     ActOutput,
@@ -64,6 +64,12 @@ class PromptPolicy(ABC):
     copy_rules: Any = None
     """Reply fields its rehearsals copy by rule (`copying.RuleTable`: the adapter's `copy_rules.json`, or set
     by hand)."""
+    reply_budgets: dict[str, int] = {}
+    """Tool -> the least tokens a rehearsal of it is given (the adapter's `envace.json` `reply_tokens`): a
+    reply cut at the budget leaves its fields unknown."""
+    status_rules: Any = None
+    """Failures its rehearsals predict by rule (`status_rules.StatusTable`: the adapter's `status_rules.json`,
+    or set by hand)."""
 
     def __init__(self, *, sampling: SamplingParams | None = None, role_sampling: dict[Role, SamplingParams] | None = None):
         self.sampling = sampling or SamplingParams()
@@ -113,6 +119,8 @@ class PromptPolicy(ABC):
         self.trust = folder.trust if folder is not None else None
         self.recall = folder.recall if folder is not None else None
         self.copy_rules = folder.rules if folder is not None else None
+        self.status_rules = folder.status if folder is not None else None
+        self.reply_budgets = dict(folder.budgets) if folder is not None else {}
 
     def recalled(self, request: RehearseRequest) -> RehearseRequest:
         """`request` with the logged calls most like it (`recall`), unless it brings its own."""
@@ -122,27 +130,35 @@ class PromptPolicy(ABC):
 
     async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
         s = self._sampling("rehearse", sampling)
+        budget = self.reply_budgets.get(request.call.name, 0)
+        if budget > s.max_new_tokens:
+            s = s.model_copy(update={"max_new_tokens": budget})
         request = self.recalled(request)
         if self.rehearse_format == "inline":
             chat, tools = render_inline(request)
             raw, close = await self._continue("rehearse", chat, tools, s, reply_to=request.tool)
             parsed = (parse_tool_turn(raw.text, request.call, request.tool, close, cut=raw.finish_reason == "length")
                       if raw.refused is None else _unusable(request, raw.refused))
+            if parsed.code in ("UNKNOWN", "OUTPUT_SCHEMA_MISMATCH") and raw.p_error is not None:
+                parsed = decided(parsed)
             if raw.p_error is not None:  # the model's own probability of the status it was held to decide
                 parsed = parsed.model_copy(update={"p_error": raw.p_error, "confidence": (
                     raw.p_error if parsed.status == "tool_error" else 1 - raw.p_error
                     if parsed.status == "result" else None)})
-            generation = self._generation("rehearse", raw, self._copied(parsed, request), s)
+            generation = self._generation("rehearse", raw, self._by_rule(parsed, request), s)
             return generation.model_copy(update={"prompt_format": "inline", "turn_close": close})
         raw = await self._complete("rehearse", render_rehearse(request), None, s)
         parsed = (parse_prediction(raw.text, request.call, request.tool) if raw.refused is None
                   else _unusable(request, raw.refused))
-        parsed = self._copied(parsed, request)
+        parsed = self._by_rule(parsed, request)
         generation = self._generation("rehearse", raw, parsed, s)
         return generation.model_copy(update={"prompt_format": "simulator"})
 
-    def _copied(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
-        return self.copy_rules.apply(prediction, request) if self.copy_rules is not None else prediction
+    def _by_rule(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
+        """`prediction` with the fields its copy rules set, then the failure its status rules predict."""
+        if self.copy_rules is not None:
+            prediction = self.copy_rules.apply(prediction, request)
+        return self.status_rules.apply(prediction, request) if self.status_rules is not None else prediction
 
     def as_chat_model(self, *, sampling: SamplingParams | None = None) -> Any:
         """This policy's act role as a LangChain chat model (`PolicyChatModel`), for any agent: its
@@ -155,6 +171,28 @@ class PromptPolicy(ABC):
         s = self._sampling("critique", sampling)
         raw = await self._complete("critique", render_critique(request), None, s)
         return self._generation("critique", raw, parse_critique(raw.text), s)
+
+
+def decided(prediction: Prediction) -> Prediction:
+    """A result that a rehearsal held status first (`reply.ReplyConstraint`) decided on and could not finish
+    as its schema asks: cut at its token budget (`CUT`: what parsed before the cut, the rest unknown), or a
+    value that breaks the schema where the hold does not look (`OFF_SCHEMA`: a string's format or pattern;
+    its fields scored as written). Either way its status was decided, and it predicts it. An error's
+    message runs free and is read whole or cut, so only a result gets here."""
+    text = (prediction.text or "").lstrip()
+    if not text.startswith(("{", "[")):
+        return prediction
+    if prediction.code == "OUTPUT_SCHEMA_MISMATCH":
+        return prediction.model_copy(update={
+            "status": "result", "code": "OFF_SCHEMA",
+            "message": f"a result its output schema refuses where decoding does not check it ({prediction.message})"})
+    try:
+        value, _ = loads_lenient(text)
+    except ValueError:
+        value = None
+    return prediction.model_copy(update={
+        "status": "result", "result": value if isinstance(value, (dict, list)) else None, "code": "CUT",
+        "message": "cut at the rehearsal's token budget: a result, its fields after the cut unknown"})
 
 
 def _unusable(request: RehearseRequest, why: str) -> Prediction:

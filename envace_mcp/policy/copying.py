@@ -19,7 +19,7 @@ learned on gets none (`ToolSpec.behaviour`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -111,19 +111,29 @@ def _rank(rule: CopyRule) -> tuple[float, bool, int, bool]:
     return rule.held, rule.source == "argument", rule.support, rule.name == field_name(rule.field)
 
 
+Identity = tuple[str | None, str | None]
+"""(server, `ToolSpec.behaviour`): the tool a rule was learned on."""
+
+
 @dataclass(frozen=True)
-class RuleTable:
-    """Copy rules by tool, each tool's bound to the (server, behaviour) it was learned on."""
+class BoundRules:
+    """Rules by tool, each tool's bound to the identity it was learned on (a copy or status rules file)."""
 
-    tools: dict[str, tuple[tuple[str | None, str | None], list[CopyRule]]]
-    source: str | None = None
+    tools: dict[str, tuple[Identity, list[Any]]]
 
-    def for_tool(self, spec: Any) -> list[CopyRule]:
+    def for_tool(self, spec: Any) -> list[Any]:
         """The rules of `spec`'s tool, where they were learned on this very tool (server and schemas)."""
         if spec is None or spec.name not in self.tools:
             return []
         (server, behaviour), rules = self.tools[spec.name]
         return rules if (server or None, behaviour) == (spec.server or None, spec.behaviour) else []
+
+
+@dataclass(frozen=True)
+class RuleTable(BoundRules):
+    """Copy rules by tool, each tool's bound to the (server, behaviour) it was learned on."""
+
+    source: str | None = None
 
     def summary(self) -> dict[str, list[str]]:
         """Each tool's rules in words, as a report states them."""
@@ -159,15 +169,44 @@ def _set(obj: dict[str, Any], path: str, value: Any) -> bool:
     return True
 
 
-def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]],
-                identities: dict[str, tuple[str | None, str | None]]) -> Path:
-    """`copy_rules.json` in `folder`: each tool's rules with the (server, behaviour) they were learned on."""
-    path = Path(folder) / RULES_FILE
+def write_bound(path: Path, rules: dict[str, list[Any]], identities: dict[str, Identity], **extra: Any) -> Path:
+    """A rules file: each tool's rules (dataclasses) with the identity they were learned on, and `extra`."""
     data = {"tools": {tool: {"server": identities.get(tool, (None, None))[0],
                              "behaviour": identities.get(tool, (None, None))[1],
-                             "rules": [asdict(r) for r in found]} for tool, found in rules.items()}}
+                             "rules": [asdict(r) for r in found]} for tool, found in rules.items()}, **extra}
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return path
+
+
+def read_bound(path: Path, max_bytes: int, max_rules: int, rule: Callable[[Any], Any]
+               ) -> tuple[dict[str, tuple[Identity, list[Any]]], dict[str, Any]] | None:
+    """(each tool's well-formed rules with its identity, the whole file) of a rules file; None where there is
+    none, or it is too large or not a JSON object of tools. `rule` reads one rule (None: not well formed,
+    dropped); a tool bound to no identity gets none."""
+    text = read_bounded(path, max_bytes)
+    try:
+        data = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        return None
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, dict):
+        return None
+    table: dict[str, tuple[Identity, list[Any]]] = {}
+    for tool, entry in tools.items():
+        if not isinstance(tool, str) or not isinstance(entry, dict) or not isinstance(entry.get("rules"), list):
+            continue
+        server, behaviour = entry.get("server"), entry.get("behaviour")
+        if not isinstance(server, (str, type(None))) or not isinstance(behaviour, str):
+            continue  # bound to no tool: applies to none
+        rules = [r for r in map(rule, entry["rules"][:max_rules]) if r is not None]
+        if rules:
+            table[tool] = ((server, behaviour), rules)
+    return table, data
+
+
+def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities: dict[str, Identity]) -> Path:
+    """`copy_rules.json` in `folder`: each tool's rules with the (server, behaviour) they were learned on."""
+    return write_bound(Path(folder) / RULES_FILE, rules, identities)
 
 
 def read_rules(folder: str | Path | None) -> RuleTable | None:
@@ -176,25 +215,8 @@ def read_rules(folder: str | Path | None) -> RuleTable | None:
     if folder is None:
         return None
     path = Path(folder) / RULES_FILE
-    text = read_bounded(path, MAX_BYTES)
-    try:
-        data = json.loads(text) if text is not None else None
-    except (ValueError, RecursionError):
-        return None
-    tools = data.get("tools") if isinstance(data, dict) else None
-    if not isinstance(tools, dict):
-        return None
-    table: dict[str, tuple[tuple[str | None, str | None], list[CopyRule]]] = {}
-    for tool, entry in tools.items():
-        if not isinstance(tool, str) or not isinstance(entry, dict) or not isinstance(entry.get("rules"), list):
-            continue
-        server, behaviour = entry.get("server"), entry.get("behaviour")
-        if not isinstance(server, (str, type(None))) or not isinstance(behaviour, str):
-            continue  # bound to no tool: applies to none
-        rules = [r for r in map(_rule, entry["rules"][:MAX_RULES]) if r is not None]
-        if rules:
-            table[tool] = ((server, behaviour), rules)
-    return RuleTable(table, source=str(path))
+    read = read_bound(path, MAX_BYTES, MAX_RULES, _rule)
+    return RuleTable(read[0], source=str(path)) if read is not None else None
 
 
 def _rule(data: Any) -> CopyRule | None:

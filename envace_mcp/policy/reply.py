@@ -15,8 +15,9 @@ first and then holds the reply to it:
 - a JSON reply ends as soon as its value is complete (only end-of-turn may follow), and cannot end
   before; an error's message and a plain-text result run free to the end of the turn.
 
-What cannot be finished within the token budget stays unreadable, and the parser calls it `UNKNOWN`
-(never a prediction). The engine records each token's logprob under the masked distribution; `shifts`
+A reply cut at the token budget before its first token decided stays unreadable, and the parser calls it
+`UNKNOWN` (never a prediction); one cut inside a result had decided it, and predicts that result (`CUT`,
+`base.decided`). The engine records each token's logprob under the masked distribution; `shifts`
 turns it back into the model's own (`log p = log p_masked + logsumexp(masked) − logsumexp(all)`, at the
 sampling temperature), so a recorded rehearsal's logprobs are what a trainer recomputes. Its tokens were
 still drawn from the masked distribution, so GRPO rollouts decode without the hold

@@ -160,9 +160,29 @@ def adapter_tool_format(adapter: str | Path | None) -> ToolFormat | None:
     return adapter_formats(adapter).get("tool_format")  # type: ignore[return-value]
 
 
-def write_adapter_format(folder: str | Path, tool_format: ToolFormat = "json", rehearse_format: str = "simulator") -> None:
-    (Path(folder) / FORMAT_FILE).write_text(json.dumps({"tool_format": tool_format,
-                                                        "rehearse_format": rehearse_format}) + "\n")
+def write_adapter_format(folder: str | Path, tool_format: ToolFormat = "json", rehearse_format: str = "simulator",
+                         reply_tokens: dict[str, int] | None = None) -> None:
+    """`envace.json`: the prompt formats the adapter learned, and (a fitted world model's) each tool's
+    longest training reply in tokens (`reply_budgets`)."""
+    saved: dict[str, Any] = {"tool_format": tool_format, "rehearse_format": rehearse_format}
+    if reply_tokens:
+        saved["reply_tokens"] = dict(sorted(reply_tokens.items()))
+    (Path(folder) / FORMAT_FILE).write_text(json.dumps(saved) + "\n")
+
+
+MAX_REPLY_TOKENS = 2048
+"""The most tokens a rehearsal budget is raised to for one tool, whatever an envace.json says."""
+
+
+def reply_budgets(saved: dict[str, Any]) -> dict[str, int]:
+    """The rehearsal budget of each tool an `envace.json` object lists in `reply_tokens` (its longest
+    training reply): a fifth more than that reply and 8 tokens, at most `MAX_REPLY_TOKENS`; entries that
+    are not a tool name and a positive count are dropped (the file is no more trusted than a server)."""
+    listed = saved.get("reply_tokens")
+    if not isinstance(listed, dict):
+        return {}
+    return {tool: min(MAX_REPLY_TOKENS, n + (n + 4) // 5 + 8) for tool, n in list(listed.items())[:1000]
+            if isinstance(tool, str) and 0 < len(tool) <= 200 and isinstance(n, int) and not isinstance(n, bool) and n > 0}
 
 
 def _one_format(traces: Any, what: str, read: Any, default: str) -> str:

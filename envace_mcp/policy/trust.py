@@ -181,15 +181,17 @@ def bars() -> dict[str, Any]:
 
 
 def weights_digest(folder: str | Path) -> str | None:
-    """The digest of an adapter folder's weights (`WEIGHTS_FILE`) and of the log its rehearsals recall
-    (`recall.jsonl`, where it has one: the figures were measured with it), None where it has no weights."""
+    """The digest of an adapter folder's weights (`WEIGHTS_FILE`) and of what its rehearsals were measured
+    with, where it has them: the log they recall (`recall.jsonl`) and the rules they apply
+    (`copy_rules.json`, `status_rules.json`); None where it has no weights."""
+    from envace_mcp.policy import copying, status_rules
     from envace_mcp.policy.recall import RECALL_FILE
 
     path = Path(folder) / WEIGHTS_FILE
     if not path.is_file():
         return None
     digest = hashlib.sha256()
-    for part in (path, Path(folder) / RECALL_FILE):
+    for part in (path, *(Path(folder) / name for name in (RECALL_FILE, copying.RULES_FILE, status_rules.RULES_FILE))):
         if part == path or part.is_file():
             with part.open("rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
@@ -247,7 +249,8 @@ def read_trust(folder: str | Path | None) -> TrustTable | None:
     elif actual is None:  # weights PEFT loads from another file (adapter_model.bin) are weights it cannot check
         unbound = f"names weights its folder does not have ({WEIGHTS_FILE} to check them against)"
     elif bound != actual:
-        unbound = f"was measured on other weights than {Path(folder) / WEIGHTS_FILE}"
+        unbound = (f"was measured on other weights than {Path(folder) / WEIGHTS_FILE} (or another recall log or "
+                   "rules than the folder's)")
     for name, (entry, trust) in claimed.items():
         allowed = earned(entry) if unbound is None else {"believe_failures": False, "min_p_error": None,
                                                           "skip_approval": False}

@@ -149,6 +149,9 @@ class Prediction(BaseModel):
     copied: list[str] = Field(default_factory=list)
     """Fields of `result` set by its world model's copy rules (`copying`) from the call's arguments or the
     run's earlier replies, not as the model wrote them (`text` keeps what it wrote)."""
+    ruled: str | None = None
+    """The fact of the call that decided a predicted failure by its world model's status rule
+    (`status_rules`), where one did, not the model."""
 
     @property
     def predicts_error(self) -> bool:

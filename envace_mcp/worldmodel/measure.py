@@ -20,7 +20,11 @@ and scores the real reply teacher-forced. Per tool and overall:
   (`fidelity.copy_split`);
 - `nll_per_token`: the real reply's negative log-likelihood per token under the rehearse prompt (one
   forward pass; ECHO's environment-token metric), pooled over calls;
-- `unusable`: the share of rehearsals that could not be read; `unknown`: cut at the token budget.
+- `unusable`: the share of rehearsals that could not be read; `unknown`: cut at the token budget before
+  its status was decided; `cut`: cut after it (a result, its later fields unknown); `off_schema`: a result
+  its output schema refuses where decoding does not check (a string's format or pattern);
+- `by_rule`: the calls whose failure a status rule predicted (`policy.status_rules`), and how many failed;
+  `model_status_accuracy`: the status accuracy of the model's own predictions, before those rules.
 
 `trust_entry` turns a tool's figures into a trust table entry by `policy.trust`'s bars.
 """
@@ -71,6 +75,10 @@ class Scored:
     a log to recall from."""
     copied: list[str] = field(default_factory=list)
     """Fields of its predicted result set by copy rules (`Prediction.copied`)."""
+    ruled: str | None = None
+    """The fact by which a status rule predicted its failure (`Prediction.ruled`)."""
+    model_predicted: str = ""
+    """What the model predicted before the status rules ("": the same as `predicted`)."""
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -134,7 +142,8 @@ def summarise(scored: list[Scored], majority: dict[str, bool] | None = None) -> 
     failed = sum(s.failed for s in scored)
     said_fail = [s for s in scored if s.predicted == "tool_error"]
     said_ok = [s for s in scored if s.predicted == "result"]
-    right = sum((s.predicted == "tool_error") == s.failed and s.predicted != "invalid" for s in scored)
+    right = sum(_right(s.predicted, s) for s in scored)
+    ruled = [s for s in scored if s.ruled]
     fields, floor = _fields(scored, "fields"), _fields(scored, "floor_fields")
     tokens = sum(s.tokens for s in scored)
     majority_right = (sum(majority.get(s.tool, False) == s.failed for s in scored) if majority is not None else None)
@@ -143,6 +152,8 @@ def summarise(scored: list[Scored], majority: dict[str, bool] | None = None) -> 
     return {
         "calls": n, "failures": failed,
         "status_accuracy": _ratio(right, n), "status_interval": wilson(right, n),
+        "model_status_accuracy": _ratio(sum(_right(s.model_predicted or s.predicted, s) for s in scored), n),
+        "by_rule": {"calls": len(ruled), "failed": sum(s.failed for s in ruled)},
         "floors": {"always_succeeds": _ratio(n - failed, n),
                    "majority": _ratio(majority_right, n) if majority_right is not None else None,
                    **({"nearest_call": nearest} if nearest is not None else {})},
@@ -152,6 +163,8 @@ def summarise(scored: list[Scored], majority: dict[str, bool] | None = None) -> 
         "predicted_failures": len(said_fail), "predicted_successes": len(said_ok),
         "unusable": _ratio(sum(s.predicted == "invalid" and s.code != "UNKNOWN" for s in scored), n),
         "unknown": _ratio(sum(s.predicted == "invalid" and s.code == "UNKNOWN" for s in scored), n),
+        "cut": _ratio(sum(s.code == "CUT" for s in scored), n),
+        "off_schema": _ratio(sum(s.code == "OFF_SCHEMA" for s in scored), n),
         "field_accuracy": {name: _ratio(ok, total) for name, (ok, total) in fields.items()},
         "field_floor": {name: _ratio(ok, total) for name, (ok, total) in floor.items()},
         "fields": {name: total for name, (_, total) in fields.items()},
@@ -159,6 +172,10 @@ def summarise(scored: list[Scored], majority: dict[str, bool] | None = None) -> 
         "stop_curve": stop_curve(scored),
         "calibration": calibration(scored),
     }
+
+
+def _right(predicted: str, s: Scored) -> bool:
+    return (predicted == "tool_error") == s.failed and predicted != "invalid"
 
 
 def trust_entry(figures: dict[str, Any], identities: set[tuple[str, str]]) -> dict[str, Any]:
@@ -183,7 +200,8 @@ def report(scored: list[Scored], majority: dict[str, bool] | None = None) -> dic
     per_tool = {name: summarise(rows, majority) for name, rows in sorted(tools.items())}
     calls = [{"run": s.episode, "index": s.index, "tool": s.tool, "failed": s.failed, "predicted": s.predicted,
               "p_error": s.p_error, "code": s.code, "nll_per_token": s.nll / s.tokens if s.tokens else None,
-              **({"text": s.text} if s.predicted == "invalid" else {}), **({"copied": s.copied} if s.copied else {})}
+              **({"text": s.text} if s.predicted == "invalid" else {}), **({"copied": s.copied} if s.copied else {}),
+              **({"ruled": s.ruled, "model_predicted": s.model_predicted} if s.ruled else {})}
              for s in scored]
     return {"overall": summarise(scored, majority), "tools": per_tool,
             "trust": {name: trust_entry(figures, {s.identity for s in tools[name]}) for name, figures in per_tool.items()},
@@ -201,7 +219,9 @@ def majority_of(calls: list[Observed]) -> dict[str, bool]:
 async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
                       on_call: Callable[[], None] | None = None) -> list[Scored]:
     """Rehearse each call with `policy` (a token policy: transformers or vLLM) as a run would, and score
-    its real reply teacher-forced. Rehearsals go out together (the engine batches them)."""
+    its real reply teacher-forced. Rehearsals go out together (the engine batches them). The policy's
+    status rules are applied here rather than inside its rehearsals, so the model's own prediction is
+    scored too (`Scored.model_predicted`)."""
     from envace_mcp.train.sft import reply_target, target_encoding
 
     encode, end = target_encoding(policy.tokenizer)
@@ -212,11 +232,14 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
             return await measured(call)
 
     log = getattr(policy, "recall", None)
+    rules = getattr(policy, "status_rules", None)
 
     async def measured(call: Observed) -> Scored:
         nearest = logged_like(call, log)  # one search: the recalled examples and the nearest-call floor
-        generation = await policy.rehearse(with_similar(call, log, nearest), sampling)
-        prediction = generation.parsed
+        request = with_similar(call, log, nearest)
+        generation = await policy.rehearse(request, sampling)
+        own = generation.parsed
+        prediction = rules.apply(own, request) if rules is not None and own is not None else own
         predicted = prediction.status if prediction is not None else "invalid"
         fields: dict[str, int] = {}
         floor: dict[str, int] = {}
@@ -234,9 +257,17 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
                       generation.text or "", prediction.p_error if prediction is not None else None,
                       prediction.code if prediction is not None else None, floor, (call.spec.server, call.spec.behaviour),
                       None if nearest is None else bool(nearest and nearest[0].failed),
-                      list(prediction.copied) if prediction is not None else [])
+                      list(prediction.copied) if prediction is not None else [],
+                      prediction.ruled if prediction is not None else None,
+                      own.status if own is not None and own.status != predicted else "")
 
-    return list(await asyncio.gather(*(one(c) for c in calls)))
+    if rules is not None:
+        policy.status_rules = None
+    try:
+        return list(await asyncio.gather(*(one(c) for c in calls)))
+    finally:
+        if rules is not None:
+            policy.status_rules = rules
 
 
 def finite(value: Any) -> Any:

@@ -271,3 +271,17 @@ def test_the_tools_that_may_earn_trust_are_named_as_written():
     with console.capture() as captured:
         console.print(room_for_trust(held))
     assert "x[/]y" in captured.get() and "[conceal]z" in captured.get()
+
+
+@pytest.mark.parametrize("changed", ["copy_rules.json", "status_rules.json"])
+def test_a_trust_table_is_bound_to_the_rules_its_world_model_was_measured_with(tmp_path, changed):
+    """A folder whose copy or status rules changed after its report (added, removed, edited) is not the
+    world model that was measured: its table earns nothing."""
+    (tmp_path / changed).write_text('{"tools": {}}')
+    _table(tmp_path, {"delete_todo": {"believe_failures": True, "fail_closed": True, **EARNED}})
+    assert read_trust(tmp_path).tools["delete_todo"].believe_failures and not read_trust(tmp_path).notes
+    (tmp_path / changed).write_text('{"tools": {}, "known": ["X"]}')
+    table = read_trust(tmp_path)
+    assert table.notes and "other weights" in table.notes[0] and not table.tools["delete_todo"].believe_failures
+    (tmp_path / changed).unlink()
+    assert read_trust(tmp_path).notes

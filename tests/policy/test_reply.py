@@ -151,3 +151,55 @@ async def test_a_held_rehearsals_recorded_logprobs_are_the_models_own_as_a_train
         generation = await policy.rehearse(request, SamplingParams(max_new_tokens=24, temperature=temperature, seed=1))
         again = policy.score(generation.prompt_ids, generation.completion_ids, temperature or 1.0)
         assert generation.logprobs == pytest.approx(again, abs=2e-3)
+
+
+async def test_a_result_cut_at_the_budget_keeps_the_status_it_decided(policy, bank_catalog):
+    from envace_mcp.graph.calls import outcome_text
+
+    """A rehearsal decoded status first and cut inside its result (a long listing) decided a result before
+    the cut: it predicts that result, with what parsed of it, and says it was cut (`CUT`) — before, it
+    was UNKNOWN and counted wrong, though its status was never in doubt."""
+    specs = [s for s in bank_catalog if s.output_schema][:4]
+    cut = []
+    for seed in range(4):
+        for i, s in enumerate(specs):
+            request = RehearseRequest(call=ToolCall(id=f"c{i}", name=s.name, arguments={}), tool=s,
+                                      allowed=list(bank_catalog), history=[HumanMessage(content="What is my balance?")])
+            generation = await policy.rehearse(request, SamplingParams(max_new_tokens=4, temperature=1.0, seed=seed))
+            p = generation.parsed
+            assert p.status != "invalid", (p.code, p.text)
+            if p.status == "result":
+                assert generation.finish_reason == "length" and p.code == "CUT" and p.text.startswith(("{", "["))
+                assert p.confidence == pytest.approx(1 - p.p_error)
+                assert "cut at the rehearsal's token budget" in outcome_text(p)  # what the approver reads
+                cut.append(p)
+    assert cut  # the random model opens most replies as results
+
+
+async def test_a_result_its_schema_refuses_where_the_hold_does_not_look_keeps_its_status(policy):
+    """From outside (a booking server's `get_room`, dates as `format: date`): the hold checks keys and kinds,
+    not a string's pattern, so a result the schema then refused was unreadable, its decided status lost (4 %
+    of that server's rehearsals). A held rehearsal predicts that result now and says its value is off the
+    schema (`OFF_SCHEMA`); an unheld one, which decided nothing first, stays unreadable."""
+    from envace_mcp.graph.calls import outcome_text
+    from envace_mcp.policy.forced import ForcedPolicy
+    from envace_mcp.toolbox import ToolSpec
+
+    class Held(ForcedPolicy):  # the reply as written, with the P(error) a held decode reads off its first token
+        async def _continue(self, *args, **kwargs):
+            raw, close = await super()._continue(*args, **kwargs)
+            return raw.model_copy(update={"p_error": 0.1}), close
+
+    schema = {"type": "object", "properties": {"day": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+              "required": ["day"]}
+    spec = ToolSpec.from_dict({"name": "get_day", "description": "today", "input_schema": {"type": "object"},
+                               "output_schema": schema})
+    request = RehearseRequest(call=ToolCall(id="c", name="get_day", arguments={}), tool=spec, allowed=[spec],
+                              history=[HumanMessage(content="What day is it?")])
+    held = (await Held(policy, rehearse=lambda _: '{"day": "tomorrow"}').rehearse(request)).parsed
+    assert (held.status, held.code, held.result, held.confidence) == ("result", "OFF_SCHEMA", {"day": "tomorrow"}, 0.9)
+    assert "does not match" in held.message and outcome_text(held).startswith("succeeds")
+    unheld = (await ForcedPolicy(policy, rehearse=lambda _: '{"day": "tomorrow"}').rehearse(request)).parsed
+    assert (unheld.status, unheld.code) == ("invalid", "OUTPUT_SCHEMA_MISMATCH")
+    fits = (await Held(policy, rehearse=lambda _: '{"day": "2026-12-06"}').rehearse(request)).parsed
+    assert (fits.status, fits.code) == ("result", None)

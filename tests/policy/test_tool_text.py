@@ -122,3 +122,35 @@ def test_a_torn_or_unknown_envace_json_is_an_error_naming_it_not_a_silent_defaul
         with pytest.raises(UserError, match=says) as raised:
             adapter_formats(tmp_path)
         assert str(tmp_path / "envace.json") in str(raised.value)
+
+
+def test_a_world_models_reply_budgets_are_read_bounded_from_its_envace_json():
+    from envace_mcp.policy.tool_text import MAX_REPLY_TOKENS, reply_budgets
+
+    assert reply_budgets({"reply_tokens": {"list_items": 429, "get_item": 90}}) == {"list_items": 523, "get_item": 116}
+    hostile = {"reply_tokens": {"huge": 10**9, "zero": 0, "negative": -5, "text": "400", "flag": True, "": 10}}
+    assert reply_budgets(hostile) == {"huge": MAX_REPLY_TOKENS}
+    assert reply_budgets({"reply_tokens": [400]}) == {} and reply_budgets({}) == {}
+
+
+async def test_a_rehearsal_gets_at_least_its_tools_budget(tiny_qwen3_dir, bank_catalog):
+    """A listing longer than the run's rehearsal budget was cut on every call (inventory's `list_items`,
+    402-429 tokens against 400): a world model carries each tool's budget from its longest training reply,
+    which raises the run's budget for that tool and lowers none."""
+    from langchain_core.messages import HumanMessage
+
+    from envace_mcp.policy import RehearseRequest, SamplingParams, ToolCall, load_policy
+
+    policy = load_policy(str(tiny_qwen3_dir), rehearse_format="inline")
+    policy.reply_budgets = {"get_balance": 9, "transfer": 2}
+    sampling = SamplingParams(max_new_tokens=3, temperature=1.0, seed=0)
+
+    def request(name):
+        spec = next(s for s in bank_catalog if s.name == name)
+        return RehearseRequest(call=ToolCall(id="c", name=name, arguments={}), tool=spec, allowed=list(bank_catalog),
+                               history=[HumanMessage(content="What is my balance?")])
+
+    raised = await policy.rehearse(request("get_balance"), sampling)
+    assert raised.sampling.max_new_tokens == 9 and len(raised.completion_ids) <= 9
+    kept = await policy.rehearse(request("transfer"), sampling)
+    assert kept.sampling.max_new_tokens == 3 and len(kept.completion_ids) <= 3

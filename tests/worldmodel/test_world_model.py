@@ -158,9 +158,9 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
     assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
 
 
-def test_a_fit_writes_the_copy_rules_of_its_training_calls_and_the_loaded_world_model_carries_them(fitted, bank_calls,
-                                                                                                 tiny_qwen3_dir):
-    from envace_mcp.policy import load_policy
+def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_loaded_world_model_carries_them(
+        fitted, bank_calls, tiny_qwen3_dir):
+    from envace_mcp.policy import load_policy, status_rules
     from envace_mcp.policy.copying import learn, read_rules
     from envace_mcp.worldmodel import read_calls
 
@@ -175,7 +175,17 @@ def test_a_fit_writes_the_copy_rules_of_its_training_calls_and_the_loaded_world_
     ruled = {t: {r.field for r in found} for t, (_, found) in rules.tools.items()}
     copied = [c for c in report["calls"] if c.get("copied")]
     assert all(set(c["copied"]) <= ruled[c["tool"]] for c in copied)
-    assert load_policy(str(tiny_qwen3_dir), adapter=str(out)).copy_rules.tools == rules.tools
+    loaded = load_policy(str(tiny_qwen3_dir), adapter=str(out))
+    assert loaded.copy_rules.tools == rules.tools
+    decided, known = status_rules.learn(trained)
+    table = status_rules.read_rules(out)
+    assert {t: r for t, (_, r) in table.tools.items()} == decided and table.known == set(known)
+    assert report["status_rules"] == table.summary() and loaded.status_rules.tools == table.tools
+    assert ("failures predicted by rule" in printed) == bool(table.tools) != ("no status rule" in printed)
+    assert report["overall"]["by_rule"]["calls"] == sum(bool(c.get("ruled")) for c in report["calls"])
+    longest = json.loads((out / "envace.json").read_text())["reply_tokens"]  # each tool's longest training reply
+    assert set(longest) == {c.tool for c in trained} and all(n > 0 for n in longest.values())
+    assert loaded.reply_budgets == {tool: n + (n + 4) // 5 + 8 for tool, n in longest.items()}
 
 
 def test_a_fitted_world_model_recalls_its_training_calls_and_its_trust_is_bound_to_them(fitted, bank_calls, tiny_qwen3_dir,

@@ -1,0 +1,197 @@
+"""Status rules: failures a world model predicts from facts of the call and the run (an id no reply showed,
+a quantity above what an earlier reply said is available, a reservation the run cancelled), learned where
+the logged calls with that fact failed in nearly every case, bound to the tool they were learned on, read as
+untrusted input, and never turning a predicted failure into a success."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+from envace_mcp.policy.status_rules import (
+    MIN_SUPPORT,
+    RULES_FILE,
+    StatusRule,
+    StatusTable,
+    facts,
+    learn,
+    read_rules,
+    write_rules,
+)
+from envace_mcp.policy.types import Prediction, RehearseRequest, ToolCall
+from envace_mcp.toolbox import ToolSpec
+
+pytestmark = pytest.mark.anyio
+
+SPECS = {name: ToolSpec.from_dict({"name": name, "description": name, "server": "inventory",
+                                   "input_schema": {"type": "object"}})
+         for name in ("list_items", "get_item", "reserve", "cancel", "ship")}
+
+
+def run(episode, calls):
+    """`calls` ((tool, arguments, reply, failed), in order) as the observed calls of one run, each with the
+    conversation before it as a recorded run rebuilds it (`worldmodel.calls.observed_calls`)."""
+    history, out = [HumanMessage(content="hold some units")], []
+    for i, (tool, arguments, reply, failed) in enumerate(calls):
+        request = RehearseRequest(call=ToolCall(id=f"c{i}", name=tool, arguments=arguments), tool=SPECS[tool],
+                                  allowed=list(SPECS.values()), history=list(history))
+        out.append(SimpleNamespace(tool=tool, failed=failed, value=reply, episode=episode, request=request))
+        history += [AIMessage(content="", tool_calls=[{"name": tool, "args": arguments, "id": f"c{i}", "type": "tool_call"}]),
+                    ToolMessage(content=reply if isinstance(reply, str) else json.dumps(reply), tool_call_id=f"c{i}",
+                                name=tool, status="error" if failed else "success")]
+    return out
+
+
+LISTING = {"items": [{"sku": "KT-1", "available": 3, "discontinued": False, "kind": "mug"},
+                     {"sku": "KT-2", "available": 0, "discontinued": True, "kind": "pan"}]}
+
+
+def test_the_facts_of_a_call_are_read_off_its_arguments_and_the_run():
+    calls = run("r", [("list_items", {}, LISTING, False),
+                      ("reserve", {"sku": "KT-1", "quantity": 5}, {"id": "R-1", "sku": "KT-1", "status": "reserved"}, False),
+                      ("cancel", {"id": "R-1"}, {"id": "R-1", "status": "cancelled"}, False),
+                      ("ship", {"id": "R-1"}, "Error: R-1 is cancelled", True),
+                      ("ship", {"id": "R-1"}, "", False)])
+    reserve, ship_again = calls[1].request, calls[4].request
+    assert facts(reserve, known={"KT-1"}) == {"quantity > available", "discontinued = false", 'kind = "mug"'}
+    assert facts(ship_again, known=set()) >= {'status = "cancelled"', 'sku = "KT-1"', "after cancel with id",
+                                               "after failed ship with id"}
+    assert "unseen id" not in facts(ship_again, known=set())  # an earlier reply of the run showed it
+    assert "after reserve with id" not in facts(ship_again, known=set())  # the reservation was not called by its id
+    typo = run("r", [("list_items", {}, LISTING, False), ("reserve", {"sku": "KT-9", "quantity": 1}, "x", True)])[1].request
+    assert "unseen sku" in facts(typo, known=set())  # shown nowhere
+    assert "unseen sku" not in facts(typo, known={"KT-9"})  # a logged reply showed it
+    assert "unseen sku" not in facts(typo, known=None)  # nothing known: no unseen facts at all
+    shown = run("r", [("list_items", {}, LISTING, False), ("reserve", {"sku": "KT-2", "quantity": 1}, "x", True)])[1].request
+    assert facts(shown, known=set()) >= {"discontinued = true"} and "unseen sku" not in facts(shown, known=set())
+
+
+def warehouse(runs=8):
+    """A log where a reservation of an SKU no reply showed always fails, one above what an earlier reply said
+    is available fails, and the rest succeed."""
+    calls = []
+    for r in range(runs):
+        calls += run(f"run{r}", [("list_items", {}, LISTING, False),
+                                 ("reserve", {"sku": f"XX-{r}", "quantity": 1}, "Error: no item", True),
+                                 ("reserve", {"sku": "KT-1", "quantity": 9}, "Error: only 3", True),
+                                 ("reserve", {"sku": "KT-1", "quantity": 1}, {"id": f"R-{r}", "sku": "KT-1"}, False)])
+    return calls
+
+
+def test_a_fact_that_came_with_a_failure_in_nearly_every_logged_call_becomes_a_rule():
+    rules, known = learn(warehouse())
+    assert {r.fact: (r.support, r.held) for r in rules["reserve"]} == {"unseen sku": (8, 1.0),
+                                                                      "quantity > available": (8, 1.0)}
+    assert "KT-1" in known and "XX-0" not in known  # texts of successful replies only
+    assert learn(warehouse(MIN_SUPPORT - 1))[0] == {}  # too few calls to say
+    calls = warehouse()
+    calls[2].failed = False  # one of the eight over-reservations went through: 7 of 8 is under 90 %
+    assert [r.fact for r in learn(calls)[0]["reserve"]] == ["unseen sku"]
+
+
+def test_an_sku_only_this_run_showed_is_unseen_when_learning_leave_one_run_out():
+    """A run that lists an SKU no other run does, then reserves it: while learning the SKU counts as shown by
+    this run's earlier reply, not as known from the log; a later reply of the run does not count."""
+    calls = []
+    for r in range(6):
+        own = {"items": [{"sku": f"NEW-{r}", "available": 5}]}
+        calls += run(f"run{r}", [("reserve", {"sku": f"NEW-{r}", "quantity": 1}, "Error: no item", True),
+                                 ("list_items", {}, own, False),
+                                 ("reserve", {"sku": f"NEW-{r}", "quantity": 1}, {"id": "R", "sku": f"NEW-{r}"}, False)])
+    rules, known = learn(calls)
+    assert [r.fact for r in rules["reserve"]] == ["unseen sku"] and rules["reserve"][0].support == 6
+    assert "NEW-0" in known  # at rehearsal time every logged reply counts
+
+
+def request(arguments, history=(), spec=SPECS["reserve"]):
+    return RehearseRequest(call=ToolCall(id="c9", name=spec.name, arguments=arguments), tool=spec, allowed=[spec],
+                           history=[HumanMessage(content="hold units"), *history])
+
+
+def test_a_rehearsal_predicts_the_failure_a_rule_foresees_and_says_which_rule(tmp_path):
+    write_rules(tmp_path, *learn(warehouse()), {name: (s.server, s.behaviour) for name, s in SPECS.items()})
+    table = read_rules(tmp_path)
+    assert table.summary() == {"reserve": ["fails when quantity > available (failed in 100% of 8)",
+                                           "fails when unseen sku (failed in 100% of 8)"]}
+    guess = Prediction(tool="reserve", status="result", result={"id": "R-1"}, p_error=0.02, copied=["sku"], text="{...}")
+    typo = table.apply(guess, request({"sku": "KT-7", "quantity": 1}))
+    assert (typo.status, typo.ruled, typo.p_error, typo.copied, typo.text) == ("tool_error", "unseen sku", 1.0, [], "{...}")
+    assert "unseen sku" in typo.message and typo.result["error_tool_call"]["message"] == typo.message
+    assert guess.status == "result"  # a copy: the model's own prediction is not changed in place
+    assert table.apply(guess, request({"sku": "KT-1", "quantity": 1})) == guess  # known, and no state: as written
+    unreadable = Prediction(tool="reserve", status="invalid", code="UNKNOWN")
+    assert table.apply(unreadable, request({"sku": "KT-7"})).status == "tool_error"
+    error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="out of stock", p_error=0.6)
+    assert table.apply(error, request({"sku": "KT-7"})).message == "out of stock"  # the model's own words kept
+    other = ToolSpec.from_dict({"name": "reserve", "description": "reserve", "server": "elsewhere",
+                                "input_schema": {"type": "object"}})
+    assert table.apply(guess, request({"sku": "KT-7"}, spec=other)) == guess  # another server's tool
+    changed = ToolSpec.from_dict({"name": "reserve", "description": "reserve", "server": "inventory",
+                                  "input_schema": {"type": "object", "properties": {"sku": {"type": "string"}}}})
+    assert table.apply(guess, request({"sku": "KT-7"}, spec=changed)) == guess  # schemas changed
+
+
+def test_a_status_rules_file_is_untrusted_input_and_can_only_predict_failures(tmp_path):
+    assert read_rules(tmp_path) is None
+    path = tmp_path / RULES_FILE
+    path.write_text('{"tools": {"reserve": ')
+    assert read_rules(tmp_path) is None  # torn
+    good = {"fact": "unseen sku", "support": 8, "held": 1.0}
+    entry = {"server": "inventory", "behaviour": SPECS["reserve"].behaviour}
+    path.write_text(json.dumps({"tools": {
+        "reserve": {**entry, "rules": [good, {**good, "held": 0.5}, {**good, "support": 2}, {**good, "support": True},
+                                       {**good, "fact": ""}, {**good, "fact": 7}, "unseen sku", None]},
+        "unbound": {"server": "inventory", "rules": [good]}, "cancel": [good]},
+        "known": ["KT-1", 5, None, {"x": 1}]}))
+    table = read_rules(tmp_path)
+    assert list(table.tools) == ["reserve"] and [r.fact for r in table.tools["reserve"][1]] == ["unseen sku"]
+    assert table.known == {"KT-1"}
+    path.write_text(json.dumps({"tools": {"reserve": {**entry, "rules": [good]}}, "pad": "x" * (8 << 20)}))
+    assert read_rules(tmp_path) is None  # past the size cap
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert read_rules(tmp_path) is None
+    # whatever facts a file names, a rule's only effect is a predicted failure
+    hostile = StatusTable({"reserve": ((entry["server"], entry["behaviour"]), [StatusRule("unseen sku", 9, 1.0)])},
+                          frozenset({"KT-1"}))
+    error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="no")
+    assert hostile.apply(error, request({"sku": "KT-7"})).status == "tool_error"
+    assert hostile.apply(error, request({"sku": "KT-1"})) == error
+
+
+async def test_a_policy_carrying_status_rules_applies_them_to_its_own_rehearsals(tiny_qwen3_dir, bank_catalog):
+    """A readable result written through a real tokenizer and parser, for a call whose account no logged
+    reply showed: predicted to fail by the rule; a known account's result is left as the model wrote it."""
+    from envace_mcp.policy import load_policy
+    from envace_mcp.policy.forced import ForcedPolicy
+
+    policy = ForcedPolicy(load_policy(str(tiny_qwen3_dir), rehearse_format="inline"),
+                          rehearse=lambda _: '{"account_id": "CHK-1", "type": "checking", "balance": 1.0, "currency": "USD"}')
+    spec = next(s for s in bank_catalog if s.name == "get_balance")
+    policy.status_rules = StatusTable({"get_balance": ((spec.server, spec.behaviour),
+                                                       [StatusRule("unseen account_id", 12, 0.92)])},
+                                      frozenset({"CHK-1234"}))
+
+    def call(account):
+        return RehearseRequest(call=ToolCall(id="c1", name="get_balance", arguments={"account_id": account}), tool=spec,
+                               allowed=list(bank_catalog), history=[HumanMessage(content="What is my balance?")])
+
+    unseen = (await policy.rehearse(call("CHK-0000"))).parsed
+    assert (unseen.status, unseen.ruled, unseen.p_error) == ("tool_error", "unseen account_id", 0.92)
+    known = (await policy.rehearse(call("CHK-1234"))).parsed
+    assert known.status == "result" and known.ruled is None
+
+
+def test_how_two_arguments_compare_is_a_fact():
+    """A range whose end is not after its start: numbers, and texts written alike (times, dates) compare;
+    texts of other shapes do not."""
+    spec = SPECS["reserve"]
+
+    def of(arguments):
+        return facts(RehearseRequest(call=ToolCall(id="c", name="reserve", arguments=arguments), tool=spec), known=None)
+
+    assert of({"start": "10:30", "end": "09:00"}) == {"start > end"}
+    assert of({"start": "2026-12-06", "end": "2026-12-06"}) == {"start = end"}
+    assert of({"low": 5, "high": 2.5}) == {"low > high"}
+    assert of({"start": "10:30", "end": "9:00"}) == set()  # written differently: no order to read
+    assert of({"name": "Blue Mug", "title": "Alpha"}) == set()  # words are not ordered quantities
