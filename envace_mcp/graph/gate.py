@@ -57,7 +57,7 @@ class GateConfig(Settings):
     """Destructive calls predicted to fail (often policy violations) are where rehearsal pays off most."""
     on_unusable: Literal["allow", "block"] = "allow"
     """What a destructive call whose rehearsal is unusable (`Prediction.status == "invalid"`: no parseable
-    reply, or one that breaks the tool's output schema) gets: `block` fails closed, as if the rehearsal
+    reply; or `Prediction.partial`: a result cut at the budget or off the tool's output schema) gets: `block` fails closed, as if the rehearsal
     predicted a failure; `allow` lets the rest of the gate decide (approval, budget), the call treated as
     unrehearsed. `allow` here because an untrained world model's rehearsals are mostly unusable, and
     every write would stop; an adapter whose unusable rehearsals were measured to precede failures
@@ -383,7 +383,7 @@ def decide(
     if earned is not None and not earned.covers(spec):
         earned = None  # measured on another server's tool of this name, or on another schema
     predicted = prediction is not None and prediction.status == "tool_error"
-    unusable = prediction is not None and prediction.status == "invalid"
+    unusable = prediction is not None and (prediction.status == "invalid" or prediction.partial)
     confidence = prediction.confidence if prediction is not None else None
     p_error = prediction.p_error if prediction is not None else None
     believed = config.trust is None or (earned is not None and earned.believe_failures and (
@@ -419,7 +419,7 @@ def decide(
     if max_real_calls is not None and real_calls >= max_real_calls:
         return Decision("budget", f"real-call budget of {max_real_calls} spent")
     vouched = (config.require_approval == "measured" and earned is not None and earned.skip_approval
-               and prediction is not None and prediction.status == "result")
+               and prediction is not None and prediction.status == "result" and not prediction.partial)
     if config.require_approval == "always" or (
             config.require_approval in ("destructive", "measured") and spec.annotations.destructive and not vouched):
         unread = f"; rehearsal unusable ({prediction.code}), so it predicts nothing" if unusable else ""

@@ -129,14 +129,16 @@ class PromptPolicy(ABC):
         return replace(request, similar=self.recall.similar(request.call, request.tool))
 
     async def rehearse(self, request: RehearseRequest, sampling: SamplingParams | None = None) -> Generation[Prediction]:
-        s = self._sampling("rehearse", sampling)
+        run = self._sampling("rehearse", sampling)
         budget = self.reply_budgets.get(request.call.name, 0)
-        if budget > s.max_new_tokens:
-            s = s.model_copy(update={"max_new_tokens": budget})
+        s = run.model_copy(update={"max_new_tokens": budget}) if budget > run.max_new_tokens else run
         request = self.recalled(request)
         if self.rehearse_format == "inline":
             chat, tools = render_inline(request)
             raw, close = await self._continue("rehearse", chat, tools, s, reply_to=request.tool)
+            if raw.refused is not None and s is not run:  # no room for the tool's budget: the run's, as before
+                s = run
+                raw, close = await self._continue("rehearse", chat, tools, s, reply_to=request.tool)
             parsed = (parse_tool_turn(raw.text, request.call, request.tool, close, cut=raw.finish_reason == "length")
                       if raw.refused is None else _unusable(request, raw.refused))
             if parsed.code in ("UNKNOWN", "OUTPUT_SCHEMA_MISMATCH") and raw.p_error is not None:
@@ -148,6 +150,9 @@ class PromptPolicy(ABC):
             generation = self._generation("rehearse", raw, self._by_rule(parsed, request), s)
             return generation.model_copy(update={"prompt_format": "inline", "turn_close": close})
         raw = await self._complete("rehearse", render_rehearse(request), None, s)
+        if raw.refused is not None and s is not run:
+            s = run
+            raw = await self._complete("rehearse", render_rehearse(request), None, s)
         parsed = (parse_prediction(raw.text, request.call, request.tool) if raw.refused is None
                   else _unusable(request, raw.refused))
         parsed = self._by_rule(parsed, request)
@@ -184,14 +189,16 @@ def decided(prediction: Prediction) -> Prediction:
         return prediction
     if prediction.code == "OUTPUT_SCHEMA_MISMATCH":
         return prediction.model_copy(update={
-            "status": "result", "code": "OFF_SCHEMA",
+            "status": "result", "code": "OFF_SCHEMA", "partial": True,
             "message": f"a result its output schema refuses where decoding does not check it ({prediction.message})"})
     try:
         value, _ = loads_lenient(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         value = None
+    if isinstance(value, dict) and "error_tool_call" in value:  # an error written as JSON: not a result
+        return prediction
     return prediction.model_copy(update={
-        "status": "result", "result": value if isinstance(value, (dict, list)) else None, "code": "CUT",
+        "status": "result", "result": value if isinstance(value, (dict, list)) else None, "code": "CUT", "partial": True,
         "message": "cut at the rehearsal's token budget: a result, its fields after the cut unknown"})
 
 

@@ -128,6 +128,6 @@ def parsed_json(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what Python can read
             pass
     return value

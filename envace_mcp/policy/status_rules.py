@@ -57,6 +57,12 @@ MAX_TEXT = 200
 """Longest text kept as known, and longest argument text an `unseen` fact is about."""
 SHORT = 40
 """Longest field text a state fact names (a status, a category; not a description)."""
+MAX_EARLIER = 50
+"""Earlier calls of the run a call's facts are read from (the latest)."""
+MAX_OBJECTS = 1000
+"""Objects read from one earlier reply."""
+MAX_ARGUMENTS = 32
+"""Arguments of a call its facts are read from (and compared pairwise)."""
 
 
 @dataclass(frozen=True)
@@ -73,18 +79,27 @@ class StatusRule:
 
 def facts(request: RehearseRequest, known: Any = None) -> set[str]:
     """The call's facts (see the module). `known`: the texts logged replies showed (`in` is all it needs);
-    None: no `unseen` facts."""
+    None: no `unseen` facts. Bounded: the last `MAX_EARLIER` earlier calls, `MAX_OBJECTS` objects of each
+    reply, `MAX_ARGUMENTS` arguments; a reply nested past what Python can walk gives no facts."""
+    try:
+        return _facts(request, known)
+    except RecursionError:
+        return set()
+
+
+def _facts(request: RehearseRequest, known: Any) -> set[str]:
     arguments = request.call.arguments if isinstance(request.call.arguments, dict) else {}
-    given = {path: v for path, v in leaves(arguments).items() if "[" not in path and not isinstance(v, (dict, list))}
+    given = dict(list((path, v) for path, v in leaves(arguments).items()
+                      if "[" not in path and not isinstance(v, (dict, list)))[:MAX_ARGUMENTS])
     texts = {p: v for p, v in given.items() if isinstance(v, str) and 0 < len(v) <= MAX_TEXT}
     numbers = {p: v for p, v in given.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    earlier = _earlier_calls(request)
+    earlier = _earlier_calls(request)[-MAX_EARLIER:]
     shown_texts: set[str] = set()
     objects: list[dict[str, Any]] = []
     for _, _, reply, ok in earlier:
         if ok:
             shown_texts.update(v for v in leaves(reply).values() if isinstance(v, str))
-            objects += _objects(reply)
+            objects += _objects(reply)[:MAX_OBJECTS]
     out = _compared(numbers, texts)
     for path, value in texts.items():
         name = field_name(path)
@@ -147,12 +162,16 @@ def _earlier_calls(request: RehearseRequest) -> list[tuple[str, Any, Any, bool]]
 
 
 def _objects(value: Any) -> list[dict[str, Any]]:
-    """Every object in a JSON value, outermost first."""
-    if isinstance(value, dict):
-        return [value] + [o for v in value.values() for o in _objects(v)]
-    if isinstance(value, list):
-        return [o for v in value for o in _objects(v)]
-    return []
+    """Every object in a JSON value, outermost first (breadth first, without recursion)."""
+    out, queue = [], [value]
+    while queue and len(out) < MAX_OBJECTS:
+        item = queue.pop(0)
+        if isinstance(item, dict):
+            out.append(item)
+            queue += list(item.values())
+        elif isinstance(item, list):
+            queue += item
+    return out
 
 
 class _LeaveOneOut:
@@ -173,7 +192,11 @@ def known_texts(calls: Iterable[Any]) -> dict[str, set[str]]:
     for call in calls:
         if call.failed:
             continue
-        for leaf in leaves(parsed_json(call.value)).values():
+        try:
+            shown = leaves(parsed_json(call.value)).values()
+        except RecursionError:  # nested past what Python can walk: shows nothing
+            continue
+        for leaf in shown:
             if isinstance(leaf, str) and len(leaf) <= MAX_TEXT:
                 runs = runs_of.setdefault(leaf, set())
                 if len(runs) < 2:
@@ -184,10 +207,12 @@ def known_texts(calls: Iterable[Any]) -> dict[str, set[str]]:
 def learn(calls: Iterable[Any]) -> tuple[dict[str, list[StatusRule]], list[str]]:
     """(each tool's status rules, the known texts to store with them) from logged calls
     (`worldmodel.calls.Observed`). `unseen` facts are counted leave-one-run-out, and not at all where the
-    log shows more than `MAX_KNOWN` texts."""
+    log shows more than `MAX_KNOWN` texts or more than half of what a rules file may hold (so the file the
+    rules are written to can always be read back)."""
     calls = list(calls)
     runs_of = known_texts(calls)
-    use_known = len(runs_of) <= MAX_KNOWN
+    use_known = (len(runs_of) <= MAX_KNOWN
+                 and sum(len(json.dumps(t, ensure_ascii=False).encode()) + 3 for t in runs_of) <= MAX_BYTES // 2)
     tally: dict[str, dict[str, list[int]]] = {}
     for call in calls:
         known = _LeaveOneOut(runs_of, call.episode) if use_known else None
@@ -208,8 +233,9 @@ def learn(calls: Iterable[Any]) -> tuple[dict[str, list[StatusRule]], list[str]]
 
 def predicted(prediction: Prediction, request: RehearseRequest, rules: list[StatusRule], known: Any) -> Prediction:
     """`prediction` as a predicted failure where the call has a rule's fact (the rule that held most often
-    decides, and says so); else as it is."""
-    if not rules:
+    decides, and says so); else as it is. An unusable rehearsal stays unusable (a gate that fails closed on
+    it must still), and a partial one stays partial (`Prediction.partial`)."""
+    if not rules or prediction.status == "invalid":
         return prediction
     found = facts(request, known)
     rule = next((r for r in rules if r.fact in found), None)

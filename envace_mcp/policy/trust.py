@@ -182,10 +182,12 @@ def bars() -> dict[str, Any]:
 
 def weights_digest(folder: str | Path) -> str | None:
     """The digest of an adapter folder's weights (`WEIGHTS_FILE`) and of what its rehearsals were measured
-    with, where it has them: the log they recall (`recall.jsonl`) and the rules they apply
-    (`copy_rules.json`, `status_rules.json`); None where it has no weights."""
+    with, where it has them: the log they recall (`recall.jsonl`), the rules they apply (`copy_rules.json`,
+    `status_rules.json`), each named with its length (a file renamed is another folder), and the reply
+    budgets in its `envace.json`; None where it has no weights."""
     from envace_mcp.policy import copying, status_rules
     from envace_mcp.policy.recall import RECALL_FILE
+    from envace_mcp.policy.tool_text import adapter_file
 
     path = Path(folder) / WEIGHTS_FILE
     if not path.is_file():
@@ -193,9 +195,17 @@ def weights_digest(folder: str | Path) -> str | None:
     digest = hashlib.sha256()
     for part in (path, *(Path(folder) / name for name in (RECALL_FILE, copying.RULES_FILE, status_rules.RULES_FILE))):
         if part == path or part.is_file():
+            if part != path:
+                digest.update(f"\0{part.name}\0{part.stat().st_size}\0".encode())
             with part.open("rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
+    try:
+        budgets = adapter_file(folder).get("reply_tokens")
+    except UserError:
+        budgets = None
+    if budgets is not None:
+        digest.update(b"\0reply_tokens\0" + json.dumps(budgets, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:32]
 
 

@@ -149,6 +149,10 @@ class Prediction(BaseModel):
     copied: list[str] = Field(default_factory=list)
     """Fields of `result` set by its world model's copy rules (`copying`) from the call's arguments or the
     run's earlier replies, not as the model wrote them (`text` keeps what it wrote)."""
+    partial: bool = False
+    """Its result was decided first and then cut at the token budget or written off its schema (`CUT`,
+    `OFF_SCHEMA`): a prediction of the status, but not a reply that was read whole, so a gate treats it as
+    it treats an unusable one (it fails closed where told to, and never stands in for approval)."""
     ruled: str | None = None
     """The fact of the call that decided a predicted failure by its world model's status rule
     (`status_rules`), where one did, not the model."""

@@ -285,3 +285,40 @@ def test_a_trust_table_is_bound_to_the_rules_its_world_model_was_measured_with(t
     assert table.notes and "other weights" in table.notes[0] and not table.tools["delete_todo"].believe_failures
     (tmp_path / changed).unlink()
     assert read_trust(tmp_path).notes
+
+
+def test_a_partial_or_ruled_rehearsal_fails_closed_where_an_unusable_one_did_and_vouches_for_nothing():
+    """From outside: a result cut at the budget or off its schema (its status decided, its reply not read
+    whole) ran a destructive call the gate had failed closed on while it was unreadable; and a status rule
+    turned an unreadable rehearsal into a failure the table did not believe, which then ran."""
+    from envace_mcp.policy.status_rules import StatusRule, StatusTable
+    from envace_mcp.policy.types import RehearseRequest
+
+    closed = {"delete_todo": ToolTrust(fail_closed=True, skip_approval=True)}
+    cut = FINE.model_copy(update={"code": "CUT", "partial": True})
+    for before, after in ((GARBLED, cut), (GARBLED, cut.model_copy(update={"code": "OFF_SCHEMA"}))):
+        assert decide(CALL, DELETE, before, mode="real", config=gate(closed, on_unusable="block")).action == "block"
+        assert decide(CALL, DELETE, after, mode="real", config=gate(closed, on_unusable="block")).action == "block"
+    assert decide(CALL, DELETE, FINE, mode="real", config=gate(closed, require_approval="measured")).action == "execute"
+    assert decide(CALL, DELETE, cut, mode="real", config=gate(closed, require_approval="measured")).action == "ask"
+    rules = StatusTable({"delete_todo": ((DELETE.server, DELETE.behaviour), [StatusRule("unseen id", 9, 1.0)])})
+    request = RehearseRequest(call=CALL, tool=DELETE)
+    assert rules.apply(GARBLED, request) == GARBLED  # unusable stays unusable
+    ruled = rules.apply(cut, request)
+    assert (ruled.status, ruled.ruled, ruled.partial) == ("tool_error", "unseen id", True)
+    assert decide(CALL, DELETE, ruled, mode="real", config=gate(closed, on_unusable="block")).action == "block"
+
+
+def test_a_renamed_rules_file_or_changed_reply_budgets_are_another_world_model(tmp_path):
+    """From outside: the digest joined the files' bytes with no names, so a status_rules.json renamed to
+    copy_rules.json (its rules gone) kept the table believed; the reply budgets were not in it at all."""
+    (tmp_path / "status_rules.json").write_text('{"tools": {}}')
+    (tmp_path / "envace.json").write_text('{"reply_tokens": {"list_items": 429}}')
+    _table(tmp_path, {"delete_todo": {"believe_failures": True, "fail_closed": True, **EARNED}})
+    assert not read_trust(tmp_path).notes
+    (tmp_path / "status_rules.json").rename(tmp_path / "copy_rules.json")
+    assert read_trust(tmp_path).notes
+    (tmp_path / "copy_rules.json").rename(tmp_path / "status_rules.json")
+    assert not read_trust(tmp_path).notes
+    (tmp_path / "envace.json").write_text('{"reply_tokens": {"list_items": 2000}}')
+    assert read_trust(tmp_path).notes

@@ -121,7 +121,7 @@ def test_a_rehearsal_predicts_the_failure_a_rule_foresees_and_says_which_rule(tm
     assert guess.status == "result"  # a copy: the model's own prediction is not changed in place
     assert table.apply(guess, request({"sku": "KT-1", "quantity": 1})) == guess  # known, and no state: as written
     unreadable = Prediction(tool="reserve", status="invalid", code="UNKNOWN")
-    assert table.apply(unreadable, request({"sku": "KT-7"})).status == "tool_error"
+    assert table.apply(unreadable, request({"sku": "KT-7"})) == unreadable  # a gate fails closed on it: so it stays
     error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="out of stock", p_error=0.6)
     assert table.apply(error, request({"sku": "KT-7"})).message == "out of stock"  # the model's own words kept
     other = ToolSpec.from_dict({"name": "reserve", "description": "reserve", "server": "elsewhere",
@@ -195,3 +195,16 @@ def test_how_two_arguments_compare_is_a_fact():
     assert of({"low": 5, "high": 2.5}) == {"low > high"}
     assert of({"start": "10:30", "end": "9:00"}) == set()  # written differently: no order to read
     assert of({"name": "Blue Mug", "title": "Alpha"}) == set()  # words are not ordered quantities
+
+
+def test_hostile_replies_and_arguments_give_bounded_facts_never_a_crash():
+    """From outside: a reply nested 600 deep crashed rehearsal and fit (RecursionError); 2,000 numeric
+    arguments made two million facts on every rehearsal."""
+    from envace_mcp.policy.status_rules import MAX_ARGUMENTS
+
+    deep = "[" * 5000 + "]" * 5000
+    calls = run("r", [("list_items", {}, deep, False), ("reserve", {"sku": "KT-1"}, deep, False)])
+    assert facts(calls[1].request, known=set()) == {"unseen sku"}  # the deep reply shows nothing
+    assert learn(calls * 3)[0] == {}
+    many = {f"n{i}": i for i in range(2000)}
+    assert len(facts(request(many), known=None)) == MAX_ARGUMENTS * (MAX_ARGUMENTS - 1) // 2  # pairs of the first 32
