@@ -15,20 +15,25 @@ The facts of a call, from its arguments and the run's earlier calls (as the rehe
   learning is leave-one-run-out) nor in an earlier successful reply of this run;
 - the *state* of what the call names: the objects in earlier successful replies whose field of an
   argument's name holds the argument's value (an item whose `sku` is the call's `sku`; for an argument
-  named `<x>_id`, an object's `id` too), latest value per field: `<field> = true` / `false` / `"<short text>"`, and `<numeric arg> > <field>` where the argument
-  exceeds a number of that state;
+  named `<x>_id`, an object's `id` too), latest value per field: `<field> = true` / `false` /
+  `"<short text>"`, and `<numeric arg> > <field>` where the argument exceeds a number of that state;
 - `<arg> > <arg>` / `<arg> = <arg>`: how two of the call's arguments compare (numbers, or texts written
   alike: dates, times), as a range whose end is not after its start;
 - `after <tool> with <arg>` / `after failed <tool> with <arg>`: an earlier call of the run had the same
   value for that argument.
 
-    rules = learn(calls)                       # tool -> [StatusRule]; calls: worldmodel.calls.Observed
-    table = StatusRules(rules, known, ...)     # stored in rules.json with the copy rules (`copying`)
+    rules, known = learn(calls)                # tool -> [StatusRule]; calls: worldmodel.calls.Observed
+    write_rules(folder, rules, known, identities)   # status_rules.json, each tool's rules bound to its identity
+    table = read_rules(folder)                 # None where the folder has none (or it is unreadable)
     prediction = table.apply(prediction, request)
+
+The file is read as untrusted input (`copying.read_bound`): bounded, a rule that is not well formed dropped,
+a tool whose server or schemas differ from the ones its rules were learned on gets none.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Iterable
@@ -93,7 +98,7 @@ def _facts(request: RehearseRequest, known: Any) -> set[str]:
                       if "[" not in path and not isinstance(v, (dict, list)))[:MAX_ARGUMENTS])
     texts = {p: v for p, v in given.items() if isinstance(v, str) and 0 < len(v) <= MAX_TEXT}
     numbers = {p: v for p, v in given.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    earlier = _earlier_calls(request)[-MAX_EARLIER:]
+    earlier = _earlier_calls(request)
     shown_texts: set[str] = set()
     objects: list[dict[str, Any]] = []
     for _, _, reply, ok in earlier:
@@ -148,29 +153,30 @@ def _compared(numbers: dict[str, Any], texts: dict[str, str]) -> set[str]:
 
 
 def _earlier_calls(request: RehearseRequest) -> list[tuple[str, Any, Any, bool]]:
-    """(tool, arguments, reply as JSON, succeeded) of each earlier call in the request's history."""
+    """(tool, arguments, reply as JSON, succeeded) of the last `MAX_EARLIER` earlier calls in the request's
+    history (only those replies are parsed)."""
     calls: dict[str, tuple[str, Any]] = {}
-    out = []
+    replies = []
     for message in request.history:
         if isinstance(message, AIMessage):
             for call in message.tool_calls or []:
                 calls[call.get("id") or ""] = (call.get("name") or "", call.get("args"))
         elif isinstance(message, ToolMessage):
-            tool, args = calls.get(message.tool_call_id or "", (message.name or "", None))
-            out.append((tool, args, parsed_json(content_text(message.content)), message.status != "error"))
-    return out
+            replies.append((*calls.get(message.tool_call_id or "", (message.name or "", None)), message))
+    return [(tool, args, parsed_json(content_text(message.content)), message.status != "error")
+            for tool, args, message in replies[-MAX_EARLIER:]]
 
 
 def _objects(value: Any) -> list[dict[str, Any]]:
     """Every object in a JSON value, outermost first (breadth first, without recursion)."""
-    out, queue = [], [value]
+    out, queue = [], collections.deque([value])
     while queue and len(out) < MAX_OBJECTS:
-        item = queue.pop(0)
+        item = queue.popleft()
         if isinstance(item, dict):
             out.append(item)
-            queue += list(item.values())
+            queue.extend(item.values())
         elif isinstance(item, list):
-            queue += item
+            queue.extend(item)
     return out
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
-from envace_mcp.policy.copying import learn, read_rules, write_rules
+from envace_mcp.policy.copying import learn, write_rules
 from envace_mcp.policy import status_rules
 from envace_mcp.policy.recall import CallLog
 from envace_mcp.worldmodel.calls import (
@@ -156,7 +156,8 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
     from envace_mcp._progress import Progress
     from envace_mcp.engine.model import load_model
     from envace_mcp.policy.embedded import embedded_model_dir
-    from envace_mcp.policy.tool_text import adapter_file, adapter_formats, reply_budgets, write_adapter_format
+    from envace_mcp.policy.adapter import Adapter
+    from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
     from envace_mcp.policy.transformers import TransformersPolicy
     from envace_mcp.train.config import SFTConfig
     from envace_mcp.train.sft import steps_per_epoch, train_sft
@@ -193,8 +194,7 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
                 "training": settings.model_dump(mode="json", exclude={"performance", "model", "adapter"})}
     (out / FIT_FILE).write_text(json.dumps(measured, indent=1, ensure_ascii=False) + "\n")  # before measuring: a report needs it
     fitted = TransformersPolicy(lm, tokenizer, name=f"world model {out}", **formats)
-    fitted.recall, fitted.copy_rules, fitted.status_rules = log, read_rules(out), status_rules.read_rules(out)
-    fitted.reply_budgets = reply_budgets(adapter_file(out))
+    fitted.use_adapter(Adapter.read(out))  # its recall log, rules and budgets, as a loaded world model reads them
     result = measure(fitted, held, label="held-out calls", majority=how["training_majority"])
     skipped = write_report(out, result, {k: v for k, v in measured.items() if k not in ("trained_calls", "training_majority")},
                            weights=out)
