@@ -208,3 +208,34 @@ def test_hostile_replies_and_arguments_give_bounded_facts_never_a_crash():
     assert learn(calls * 3)[0] == {}
     many = {f"n{i}": i for i in range(2000)}
     assert len(facts(request(many), known=None)) == MAX_ARGUMENTS * (MAX_ARGUMENTS - 1) // 2  # pairs of the first 32
+
+
+async def test_rules_learned_from_a_real_servers_log_foresee_its_failures_and_nothing_else(tmp_path):
+    """The inventory example server in-process, its scripted traffic imported as a user's log would be:
+    the rules learned from half the runs predict failures on the other half, and every one they predict
+    is a real failure."""
+    import sys
+    from pathlib import Path
+
+    from envace_mcp.toolbox import Toolbox
+    from envace_mcp.traces.importing import read_log
+    from envace_mcp.worldmodel import observed_calls
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "examples"))
+    import inventory_traffic
+    from inventory_server import build_server
+
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in await inventory_traffic.record(160, seed=0)))
+    async with Toolbox({"inventory": build_server(0)}) as toolbox:
+        traces, _ = read_log(log, toolbox.catalog)
+    calls, _ = observed_calls(traces)
+    runs = sorted({c.episode for c in calls})
+    train = [c for c in calls if c.episode in set(runs[: len(runs) // 2])]
+    held = [c for c in calls if c.episode not in set(runs[: len(runs) // 2])]
+    rules, known = learn(train)
+    assert "unseen sku" in {r.fact for r in rules["reserve"]}
+    identities = {c.tool: (c.spec.server, c.spec.behaviour) for c in train}
+    table = StatusTable({tool: (identities[tool], found) for tool, found in rules.items()}, frozenset(known))
+    said = [c for c in held if table.apply(Prediction(tool=c.tool, status="result"), c.request).ruled]
+    assert len(said) >= 5 and all(c.failed for c in said), [(c.tool, c.failed) for c in said]
