@@ -5,6 +5,7 @@ import importlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,8 +13,8 @@ from typer.testing import CliRunner
 from envace_mcp.cli import app
 from envace_mcp.traces import Trace, TraceStore
 
-ANALYSES = ["gate_confidence", "gate_evidence", "group_signal", "inventory_failures", "probe_mix", "prompt_tokens",
-            "rehearse_replay", "training_evidence", "tts_memory_control"]
+ANALYSES = sorted(p.stem for p in (Path(__file__).parents[2] / "envace_mcp" / "lab" / "analyses").glob("*.py")
+                  if not p.stem.startswith("_"))
 
 
 def test_the_research_tools_live_under_lab_and_their_old_names_are_gone():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +66,20 @@ def main() -> None:
     parser.add_argument("--traces", required=True, help="the imported inventory log the fit read")
     parser.add_argument("--fit", required=True, help="the fitted folder (its fit.json and report.json)")
     args = parser.parse_args()
+    tally(args.traces, args.fit, known_skus, why, SOURCES)
+
+
+def tally(traces: str, fit: str, knowing: Callable[[list[Any]], set[str]],
+          reason: Callable[[Any, list[Any], set[str]], tuple[str, str]], sources: tuple[str, ...]) -> None:
+    """Print each held-out failure's (tool, what failed, where its deciding fact was: `reason(call, the
+    run's earlier calls, knowing(the training calls))`) with how many the fit's world model foresaw."""
     from envace_mcp.worldmodel.fit import read_calls
 
-    setup = json.loads((Path(args.fit) / "fit.json").read_text())
-    report = json.loads((Path(args.fit) / "report.json").read_text())
-    _, calls, _ = read_calls(args.traces)
+    setup = json.loads((Path(fit) / "fit.json").read_text())
+    report = json.loads((Path(fit) / "report.json").read_text())
+    _, calls, _ = read_calls(traces)
     trained, held_runs = set(setup["trained_runs"]), set(setup["held_out_runs"])
-    skus = known_skus([c for c in calls if c.episode in trained])
+    known = knowing([c for c in calls if c.episode in trained])
     by_run: dict[str, list[Any]] = collections.defaultdict(list)
     for c in calls:
         by_run[c.episode].append(c)
@@ -80,14 +88,14 @@ def main() -> None:
     foreseen: collections.Counter = collections.Counter()
     for c in calls:
         if c.episode in held_runs and c.failed:
-            key = (c.tool, *why(c, [e for e in by_run[c.episode] if e.index < c.index], skus))
+            key = (c.tool, *reason(c, [e for e in by_run[c.episode] if e.index < c.index], known))
             counts[key] += 1
             foreseen[key] += predicted.get((c.episode, c.index)) == "tool_error"
-    print(f"{sum(counts.values())} held-out failures; foreseen by the world model in {visible(args.fit)}: "
+    print(f"{sum(counts.values())} held-out failures; foreseen by the world model in {visible(fit)}: "
           f"{sum(foreseen.values())}")
     for (tool, what, where), n in counts.most_common():
         print(f"{n:4d}  {visible(tool):20s} {what:28s} decided by {where:20s} foreseen {foreseen[(tool, what, where)]}")
-    for where in SOURCES:
+    for where in sources:
         print(f"decided by {where}: {sum(n for k, n in counts.items() if k[2] == where)}")
 
 
