@@ -1,19 +1,23 @@
 """The decode batch: every row's keys/values in one buffer per layer, rows joining and leaving at any
-token step, shared prompt prefixes held once, all within a memory budget."""
+token step, shared prompt prefixes held once (`prefix_groups`), all within a memory budget."""
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from envace_mcp.engine.attention import PREFIX_KW, ROWS_KW, RowColumns, SharedPrefixes
-from envace_mcp.engine.prefix_cache import common_prefix
+from envace_mcp.engine.attention import PREFIX_KW, ROWS_KW, RowColumns
+from envace_mcp.engine.cache_layers import plain_layers, preallocated_layer
+from envace_mcp.engine.prefix_groups import PrefixGroup, PrefixSharing
+
+if TYPE_CHECKING:
+    from transformers import Cache, PreTrainedModel
+
+__all__ = ["DecodeBatch", "PrefixGroup", "plain_layers", "preallocated_layer"]
 
 
-class DecodeBatch:
+class DecodeBatch(PrefixSharing):
     """The decode batch's keys/values: one buffer per layer, (rows, kv heads, columns, head dim).
 
     All rows write their next token in the same column (`seen`); each row's prompt sits right-aligned
@@ -24,12 +28,8 @@ class DecodeBatch:
     full attention (sliding windows) decode one row at a time with the library's cache object.
 
     With `shared_prefix` (CPU models on the packed decode attention), rows whose prompts start alike
-    form groups (`PrefixGroup`): a group's common prefix is kept once (positions 0..P-1) and its rows'
-    columns hold only what follows, so a step reads the prefix once instead of once per row (GRPO
-    rollouts: the act rows share the act system prompt and tool schemas, the rehearse rows theirs —
-    most of each prompt). A row joins the group it shares most with; sharing less than the group's
-    prefix shortens it (the tail is copied into the group's rows' columns first); sharing too little
-    starts a new group, or none.
+    form groups (`PrefixGroup`): a group's common prefix is kept once and its rows' columns hold only
+    what follows (`PrefixSharing` decides the groups, see `prefix_groups`).
 
     Batch-invariant rows (`place(..., alone=True)`: greedy ones, see `invariant`) join no group and
     attend alone over their own columns (`RowColumns`); while one is in the batch, every step is padded
@@ -39,12 +39,8 @@ class DecodeBatch:
 
     compact_from = 256
     """Leading columns no live row uses are dropped once there are this many and they are half the buffer."""
-    min_shared = 64
-    """A prefix shorter than this is not worth a group (two attention calls instead of one)."""
-    max_groups = 4
-    """More groups than this and a prompt joins the group it shares most with (if >= `min_shared`)."""
 
-    def __init__(self, model: Any, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
+    def __init__(self, model: PreTrainedModel, cache_kw: str, device: torch.device, max_rows: int, *, joinable: bool,
                  shared_prefix: bool = False, budget_bytes: float | None = None, row_tile: int = 1) -> None:
         from transformers import DynamicCache
 
@@ -92,9 +88,6 @@ class DecodeBatch:
         prefix once."""
         return self.mask.shape[0] * self.mask.shape[1] + self.prefix_slots()
 
-    def prefix_slots(self) -> int:
-        return sum(len(group.ids) for group in self.groups)
-
     def slots_with(self, prompt: list[int], new_tokens: int, remaining: list[int], *, trimmed: bool = False,
                    alone: bool = False) -> int:
         """What `slots` would be, about, with one more row for `prompt` (without changing the batch):
@@ -124,11 +117,6 @@ class DecodeBatch:
             return False  # it waits (no copy for nothing)
         self.trim()
         return True
-
-    def forget(self, group: PrefixGroup | None) -> None:
-        """Drop a prefix group `make_room` made for a row that never came (its prefill failed)."""
-        if group is not None and not group.layers and all(g is not group for g in self.row_groups):
-            self.groups.remove(group)
 
     def place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], group: PrefixGroup | None = None,
               alone: bool = False) -> None:
@@ -280,69 +268,6 @@ class DecodeBatch:
                 new[: self.rows, :, :used] = old[: self.rows, :, :used]
                 bufs[layer] = new
 
-    def _best_group(self, ids: list[int]) -> tuple[PrefixGroup | None, int]:
-        """Where a prompt would go, without changing anything: (a group, the tokens it would share with
-        it) to join; (None, n) to start a new group of its first n tokens; (None, 0) for no group."""
-        best, share = None, 0
-        for group in self.groups:
-            n = common_prefix(group.ids, ids, limit=len(ids) - 1)  # the row keeps one token of its own
-            if n > share:
-                best, share = group, n
-        full = len(self.groups) >= self.max_groups
-        if best is not None and share >= self.min_shared and (2 * share >= len(best.ids) or full):
-            return best, share
-        return None, len(ids) - 1 if not full and len(ids) - 1 >= self.min_shared else 0
-
-    def _group_for(self, ids: list[int]) -> PrefixGroup | None:
-        """The group a prompt joins (shortened to what they share), a new group, or None."""
-        best, share = self._best_group(ids)
-        if best is not None:
-            if share < len(best.ids):
-                self._shorten(best, share)
-            return best
-        if not share:
-            return None
-        group = PrefixGroup(list(ids[:share]))
-        self.groups.append(group)
-        return group
-
-    def _shorten(self, group: PrefixGroup, n: int) -> None:
-        """Make `group` share only its first `n` tokens: the rest go into its rows' columns, before their
-        own (the buffers grow on the left when one of them has no free columns there)."""
-        cut = len(group.ids) - n
-        members = self._members(group)
-        if members:
-            shift = self._shortening_shift(group, cut)
-            if shift:  # shift every row right by the missing columns
-                self._shift(shift)
-            for layer, (keys, values) in enumerate(group.layers):
-                for slot in members:
-                    start = self.starts[slot]
-                    self.keys[layer][slot, :, start - cut : start] = keys[0, :, n:]
-                    self.values[layer][slot, :, start - cut : start] = values[0, :, n:]
-            for slot in members:
-                self.mask[slot, self.starts[slot] - cut : self.starts[slot]] = 1
-                self.starts[slot] -= cut
-            self._bind()
-        group.ids = group.ids[:n]
-        group.layers = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in group.layers]
-
-    def _members(self, group: PrefixGroup) -> list[int]:
-        return [slot for slot, g in enumerate(self.row_groups) if g is group]
-
-    def _shortening_shift(self, group: PrefixGroup, cut: int) -> int:
-        """Columns every row moves right when `group` hands its last `cut` prefix tokens to its rows'
-        columns (`_shorten`): what its row with the fewest free columns on the left lacks."""
-        return max(0, cut - min((self.starts[slot] for slot in self._members(group)), default=cut))
-
-    def _prefixes(self) -> SharedPrefixes:
-        members: dict[int, tuple[PrefixGroup, list[int]]] = {}
-        for slot, group in enumerate(self.row_groups):
-            if group is not None:
-                members.setdefault(id(group), (group, []))[1].append(slot)
-        return SharedPrefixes([(torch.tensor(slots, device=self.device), group.layers)
-                               for group, slots in members.values()])
-
     def _compact(self) -> None:
         """Drop leading columns no live row uses once they are most of the buffer (keeps steps cheap)."""
         if not self.rows:  # drained: let the buffers go (the next row sizes new ones to what it needs)
@@ -384,50 +309,8 @@ class DecodeBatch:
                 layer = self.cache.layers[index] = layer_type()
             layer.bind(keys, values, self.rows if rows is None else rows, self.seen)
 
-    def start_alone(self, cache: Any, length: int) -> None:
+    def start_alone(self, cache: Cache, length: int) -> None:
         """One row with the library's own cache object (models whose layers are not all plain)."""
         self.cache = cache
         self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
         self.rows, self.seen = 1, length
-
-
-
-@dataclass(eq=False)
-class PrefixGroup:
-    """A prompt prefix some rows of a decode batch start with; its keys/values are held once."""
-
-    ids: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # from its first row placed
-
-
-
-def plain_layers(config: Any) -> bool:
-    """Whether every layer of the model's cache is the library's plain full-attention `DynamicLayer`."""
-    from transformers import DynamicCache
-
-    layers = getattr(DynamicCache(config=config), "layers", None)  # older caches have no layer objects
-    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
-
-
-@functools.cache
-def preallocated_layer() -> type:
-    """`DynamicLayer` (imported lazily, like the rest of transformers here) over a `DecodeBatch` buffer."""
-    from transformers.cache_utils import DynamicLayer
-
-    class PreallocatedLayer(DynamicLayer):
-        """Keys/values are views of the batch's buffers: `update` writes the new column in place, where
-        the library's layer concatenates (copies the whole cache) on every step."""
-
-        def bind(self, key_buf: torch.Tensor, value_buf: torch.Tensor, rows: int, seen: int) -> None:
-            self.key_buf, self.value_buf, self.live = key_buf, value_buf, rows
-            self.device, self.is_initialized = key_buf.device, True
-            self.keys, self.values = key_buf[:rows, :, :seen], value_buf[:rows, :, :seen]
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-            seen, new = self.keys.shape[2], key_states.shape[2]  # the batch reserved the columns
-            self.key_buf[: self.live, :, seen : seen + new] = key_states
-            self.value_buf[: self.live, :, seen : seen + new] = value_states
-            return self.key_buf[: self.live, :, : seen + new], self.value_buf[: self.live, :, : seen + new]
-
-    return PreallocatedLayer
-
