@@ -23,6 +23,7 @@ from envace_mcp.cli._common import (
     traces_app,
 )
 from envace_mcp.errors import EnvaceError, UserError
+from envace_mcp.traces.exporting import BUILT_IN, ExportConfig, get_exporter
 
 
 @traces_app.command("ls")
@@ -259,12 +260,10 @@ def _import_runs(path: Path, out: Path, format: str, given: list[str]) -> None:
 @traces_app.command("export")
 def traces_export(
     directory: TracesDir,
-    format: Annotated[Literal["otel", "langsmith", "atif", "trl"], typer.Option(
-        "--format", help="otel: OpenTelemetry GenAI spans to an OTLP endpoint; langsmith: one LangSmith dataset "
-                         "example per run, to a JSONL file (--out); atif: one ATIF v1.8 trajectory per run, to a "
-                         "JSONL file (--out; extra `atif`); trl: one row of TRL's conversational dataset with "
-                         "tools per run (messages, tools, the act turns' token ids and logprobs), to a JSONL file "
-                         "(--out)")] = "otel",
+    format: Annotated[str, typer.Option(
+        "--format", metavar="FORMAT",
+        help="where the runs go: " + "; ".join(f"{name}: {text}" for name, (_, text) in BUILT_IN.items())
+             + "; or any exporter registered by that name (docs/traces.md)")] = "otel",
     otlp: Annotated[Optional[str], typer.Option(
         metavar="URL", help="OTLP/HTTP endpoint: a collector's http://HOST:4318 (/v1/traces is added) or its full "
                             "traces URL; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
@@ -282,24 +281,11 @@ def traces_export(
     status: Optional[str] = None,
 ) -> None:
     """Recorded runs to an observability backend (OpenTelemetry), a LangSmith dataset file, ATIF
-    trajectories or TRL dataset rows (docs/traces.md)."""
-    import os
-
-    if format == "otel":
-        misplaced = [name for name, value in (("--out", out), ("--tokens", tokens)) if value]
-        if misplaced:
-            _fail(UserError(f"{', '.join(misplaced)}: for --format langsmith, atif or trl; OpenTelemetry spans "
-                            "go to an OTLP endpoint (--otlp URL)"))
-        if otlp is None and not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                                 or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
-            _fail(UserError("where to? give --otlp URL (e.g. http://localhost:4318), or set "
-                            "OTEL_EXPORTER_OTLP_ENDPOINT"))
-    else:
-        misplaced = [name for name, value in (("--otlp", otlp), ("--content", content)) if value]
-        if misplaced:
-            _fail(UserError(f"{', '.join(misplaced)}: for --format otel; a {format} file holds each run whole"))
-        if out is None:
-            _fail(UserError(f"--format {format} writes a file: give --out FILE (e.g. runs.jsonl)"))
+    trajectories, TRL dataset rows, or any registered exporter (docs/traces.md)."""
+    try:  # the exporter refuses options it does not take before any run is read
+        exporter = get_exporter(format)(ExportConfig(out=out, endpoint=otlp, content=content, tokens=tokens))
+    except EnvaceError as exc:
+        _fail(exc)
     store = _store(directory)
     traces = list(store.read(suite=suite, task=task, status=status))
     _report_problems(store)
@@ -307,28 +293,9 @@ def traces_export(
         _fail(UserError(f"no runs to export in {directory}" + (" that match the filters" if suite or task or status
                                                                else "")))
     try:
-        if format == "otel":
-            from envace_mcp.traces.otel import export_otel
-
-            spans = export_otel(traces, otlp, content=content)
-            where = otlp or "the endpoint in OTEL_EXPORTER_OTLP_*"
-            console.print(safe(f"exported {spans} span(s) of {len(traces)} run(s) to {where}"), soft_wrap=True)
-        else:
-            from envace_mcp.traces.atif import write_atif
-            from envace_mcp.traces.langsmith import write_examples
-            from envace_mcp.traces.trl import write_trl
-
-            assert out is not None
-            left_out: list[str] = []
-            if format == "trl":
-                count = write_trl(traces, out, skipped=left_out)
-            else:
-                count = (write_examples if format == "langsmith" else write_atif)(traces, out, tokens=tokens,
-                                                                                  skipped=left_out)
-            for why in left_out:
-                console.print(Text.assemble(("warning: ", "yellow"), safe(why)), soft_wrap=True)
-            console.print(safe(f"wrote {count} run(s) to {out}"), soft_wrap=True)
+        summary = exporter.export(traces)
     except EnvaceError as exc:
         _fail(exc)
-    except OSError as exc:
-        _fail(UserError(f"cannot write {out}: {exc.strerror or exc}"))
+    for why in summary.left_out:
+        console.print(Text.assemble(("warning: ", "yellow"), safe(why)), soft_wrap=True)
+    console.print(safe(summary.done), soft_wrap=True)

@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.errors import UserError
 from envace_mcp.traces._jsonl import read_runs, why_invalid, write_runs
+from envace_mcp.traces.exporting import FileExporter, register_exporter
 from envace_mcp.traces.importing import SHOWN, json_object, skipped_lines
 from envace_mcp.traces.schema import Trace, read_trace
+
+if TYPE_CHECKING:
+    from langsmith.run_trees import RunTree
 
 SOURCE = "envace-mcp"
 """`metadata.source` of the examples written here."""
@@ -45,16 +49,16 @@ _IN_OUTPUTS = ("final_answer", "steps")
 class NamedStep:
     """One named step's LangSmith run; `done(**outputs)` records what it came to (nothing when untraced)."""
 
-    def __init__(self, run: Any = None) -> None:
+    def __init__(self, run: RunTree | None = None) -> None:
         self.run = run
 
-    def done(self, **outputs: Any) -> None:
+    def done(self, **outputs: object) -> None:
         if self.run is not None:
             self.run.end(outputs=_plain(outputs))
 
 
 @contextlib.contextmanager
-def named_step(name: str, **inputs: Any) -> Iterator[NamedStep]:
+def named_step(name: str, **inputs: object) -> Iterator[NamedStep]:
     """A child run named `name` of the LangChain / LangGraph run in progress, when LangSmith tracing is
     on; LangChain runs started inside it (a tool's) become its children. A LangGraph interrupt (an
     approval pause) passing through ends the step without marking it failed."""
@@ -63,14 +67,14 @@ def named_step(name: str, **inputs: Any) -> Iterator[NamedStep]:
     if not tracing_is_enabled():
         yield NamedStep()
         return
-    from langgraph.errors import GraphBubbleUp
+    from langgraph.errors import GraphBubbleUp  # imported once tracing is on: langgraph costs a second to load
     from langsmith.run_helpers import trace
 
     with trace(name, "chain", inputs=_plain(inputs), exceptions_to_handle=(GraphBubbleUp,)) as run:
         yield NamedStep(run)
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """JSON data for a run's inputs and outputs (models as their JSON, anything else as text)."""
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
@@ -103,6 +107,18 @@ def write_examples(traces: Iterable[Trace], path: str | Path, *, tokens: bool = 
     or not at all (written beside it, then renamed over it). A run that cannot be written as JSON (a
     tool's reply nested deeper than serialisation allows) is left out, and why is appended to `skipped`."""
     return write_runs(traces, path, lambda trace: to_example(trace, tokens=tokens), skipped=skipped)
+
+
+@register_exporter
+class LangSmithExporter(FileExporter):
+    """`write_examples` as an `Exporter`: one example per run to `ExportConfig.out`, token ids and
+    logprobs only with `ExportConfig.tokens`."""
+
+    name = "langsmith"
+    takes = frozenset({"out", "tokens"})
+
+    def write(self, traces: Sequence[Trace], out: Path, skipped: list[str]) -> int:
+        return write_examples(traces, out, tokens=self.config.tokens, skipped=skipped)
 
 
 @dataclasses.dataclass
