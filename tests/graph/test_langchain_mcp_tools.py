@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -258,6 +259,14 @@ def adapters_venv() -> Path:
             assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
         (venv / ".complete").touch()
     return venv
+
+
+def test_the_docs_give_the_adapters_recipe_the_example_runs():
+    """docs/graph.md's commands for the adapters are the example's, which the tests below run: the two cannot
+    drift apart, so what a reader copies from either is what was tested."""
+    page = (ROOT / "docs" / "graph.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "langchain-mcp-adapters" in b]
+    assert blocks == ["\n".join(recipe()) + "\n"]
 
 
 def test_the_adapters_recipe_installs_only_what_this_environment_lacks_and_leaves_it_alone():
