@@ -5,15 +5,25 @@ tools whose `metadata` holds the server's hints (`readOnlyHint`, ...); the middl
 `list_todos` runs unasked and `delete_todo` pauses the agent until a person answers, shown the call and
 its rehearsed outcome.
 
-langchain-mcp-adapters 0.3.2 pins mcp<2 and envace-mcp needs mcp 2, so pip will not install them together:
-give the adapters an environment of their own whose mcp 1.x comes before everything of envace-mcp's
-(tests/graph/test_langchain_mcp_tools.py builds the same one). The server runs under envace-mcp's python.
+Two environments, because no released langchain-mcp-adapters runs on the mcp 2 that envace-mcp needs (checked
+2026-12): 0.3.2, the newest, pins mcp<2, so `pip install langchain-mcp-adapters` into envace-mcp's environment
+replaces its mcp 2 with 1.x; 0.3.1 and older allow mcp 2 but import mcp 1.x modules, so `pip install envace-mcp
+langchain-mcp-adapters` picks 0.3.1 and it fails on import (`cannot import name 'RequestContext' from
+'mcp.shared.context'`). For one environment, use LangChain's own MCP tools (examples/langchain_mcp_agent.py).
+
+So the adapters get an environment of their own, /tmp/lma, that sees envace-mcp's environment after its own:
+pip puts in it only what that one lacks or holds at another version (mcp 1.x, and what mcp 1.x needs beside
+it: pydantic-settings, ...), and leaves envace-mcp's environment as it is; `--no-warn-conflicts` because
+envace-mcp, seen from there, wants the mcp 2 it keeps at home. Run these from the repository's root with the
+python of envace-mcp's environment (`pip install ".[langchain]"`), which also runs the to-do server:
 
     python -m venv --without-pip /tmp/lma
-    python -m pip --python /tmp/lma/bin/python install --no-deps langchain-mcp-adapters==0.3.2 "mcp<2" httpx-sse
     python -c "import sysconfig; print(f'import site; site.addsitedir({sysconfig.get_paths()[\"purelib\"]!r})')" \
         > "$(/tmp/lma/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/envace.pth"
+    python -m pip --python /tmp/lma/bin/python install --no-warn-conflicts langchain-mcp-adapters==0.3.2
     /tmp/lma/bin/python examples/langchain_mcp_adapters_agent.py "$(python -c 'import sys; print(sys.executable)')"
+
+(tests/graph/test_langchain_mcp_tools.py runs these commands as they are written here.)
 """
 
 import sys

@@ -1,6 +1,7 @@
 """MCP tools as LangChain users get them, from LangChain's own libraries, behind both drop-ins: `langchain.mcp`
-(mcp 2, in this environment) and langchain-mcp-adapters 0.3.2 (mcp<2: in an environment of its own, created
-on first use, where this same module runs the same scenario in a child process). The drop-ins read each
+(mcp 2, in this environment) and langchain-mcp-adapters 0.3.2 (mcp<2: in an environment of its own, made on
+first use by the very commands examples/langchain_mcp_adapters_agent.py documents, where this same module runs
+the same scenario in a child process). The drop-ins read each
 tool's hints, schema and server from where its library put them, so the real to-do server's read runs
 unasked and its delete waits for a person who sees the rehearsed outcome.
 
@@ -10,8 +11,12 @@ mcp 2, for the to-do server) it prints what the adapters' tools did, as JSON, fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -41,11 +46,7 @@ def _example_todo() -> Any:
     sys.modules[spec.name] = module  # its pydantic models resolve their annotations in it
     spec.loader.exec_module(module)
     return module
-ADAPTERS = ("langchain-mcp-adapters==0.3.2", "mcp<2", "httpx-sse>=0.4")
-"""The adapters and the mcp they pin; everything else they need comes from this environment (below)."""
-BOOT = ("import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
-        "runpy.run_path(sys.argv[0], run_name='__main__')")
-"""`python -c BOOT SITE SCRIPT ARGS...`: SCRIPT, with SITE's packages after the interpreter's own."""
+ADAPTERS_EXAMPLE = ROOT / "examples" / "langchain_mcp_adapters_agent.py"
 DELETED = '<execution_result>{"id": "t2", "title": "Buy milk", "remaining": 2}</execution_result>'
 ANSWERS = {"approve": {"type": "approve"}, "reject": {"type": "reject", "message": "keep the milk"}}
 KINDS = {"list_todos": "read-only", "get_todo": "read-only", "add_todo": "not destructive",
@@ -217,26 +218,76 @@ def test_other_tools_keep_their_reading_and_only_true_or_false_counts_as_a_hint(
 
 # ------------------------------------------------------------------ langchain-mcp-adapters 0.3.2 (mcp<2)
 
-def adapters_python() -> str:
-    """The python of an environment holding only langchain-mcp-adapters and mcp 1.x (`ADAPTERS`), created on
-    first use under ENVACE_CACHE (~/.cache/envace-mcp). The child appends this environment's site-packages
-    after its own, so mcp 1.x comes first and everything else (langchain, langgraph, envace_mcp) is this
-    environment's: one copy of each, at the versions tested here."""
-    venv = Path(os.environ.get("ENVACE_CACHE", Path.home() / ".cache" / "envace-mcp")) / "venv-lma-0.3.2"
-    python = venv / "bin" / "python"
+def recipe() -> list[str]:
+    """The shell commands in the adapters example's docstring, in order, as its source spells them (the lines
+    indented by four spaces; a line ending in a backslash goes on in the next)."""
+    text = ADAPTERS_EXAMPLE.read_text()
+    lines = [line[4:] for line in text[3:text.index('"""', 3)].splitlines() if line.startswith("    ")]
+    commands: list[str] = []
+    for line in lines:
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] += "\n" + line
+        else:
+            commands.append(line)
+    assert len(commands) > 1 and str(ADAPTERS_EXAMPLE.relative_to(ROOT)) in commands[-1], commands  # setup, then run
+    return commands
+
+
+def run_as_documented(command: str, venv: Path, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """One of `recipe()`'s commands in bash, from the repository's root, as the example tells a user to run it:
+    `python` is this environment's, and the adapters' environment is `venv` instead of /tmp/lma."""
+    script = f'python() {{ {shlex.quote(sys.executable)} "$@"; }}\n' + command.replace("/tmp/lma", str(venv))
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          **kwargs)
+
+
+def adapters_venv() -> Path:
+    """The adapters' environment, made by the example's own setup commands (all but the last, which runs it) on
+    first use under ENVACE_CACHE (~/.cache/envace-mcp). It sees this environment's site-packages after its own,
+    so it holds only what the adapters need that this one lacks or has at another version (mcp 1.x, ...):
+    one copy of everything else (langchain, langgraph, envace_mcp), at the versions tested here. Named by the
+    commands and by this environment, whose packages it reads."""
+    setup = recipe()[:-1]
+    key = hashlib.sha256(repr((setup, sysconfig.get_paths()["purelib"])).encode()).hexdigest()[:12]
+    venv = Path(os.environ.get("ENVACE_CACHE", Path.home() / ".cache" / "envace-mcp")) / f"venv-lma-{key}"
     if not (venv / ".complete").exists():  # a half-made one (an install cut short) is made again
-        subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                               *ADAPTERS], capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            pytest.skip(f"could not install {' '.join(ADAPTERS)} into {venv} (no network?): {done.stderr[-600:]}")
+        shutil.rmtree(venv, ignore_errors=True)
+        for command in setup:
+            done = run_as_documented(command, venv, timeout=600)
+            if done.returncode != 0 and " pip " in command:
+                pytest.skip(f"could not install langchain-mcp-adapters into {venv} (no network?): {done.stderr[-600:]}")
+            assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
         (venv / ".complete").touch()
-    return str(python)
+    return venv
+
+
+def test_the_docs_give_the_adapters_recipe_the_example_runs():
+    """docs/graph.md's commands for the adapters are the example's, which the tests below run: the two cannot
+    drift apart, so what a reader copies from either is what was tested."""
+    page = (ROOT / "docs" / "graph.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "langchain-mcp-adapters" in b]
+    assert blocks == ["\n".join(recipe()) + "\n"]
+
+
+def test_the_adapters_recipe_installs_only_what_this_environment_lacks_and_leaves_it_alone():
+    """mcp 1.x goes into the adapters' environment, ahead of this one's mcp 2, which stays where it was; what
+    mcp 1.x needs beside it (pydantic-settings, which mcp 2 dropped) is there to import."""
+    from importlib.metadata import version
+
+    here, venv = version("mcp"), adapters_venv()
+    probe = ("import importlib.metadata as m, mcp, pydantic_settings, langchain_mcp_adapters.client, envace_mcp;"
+             "print(m.version('mcp'), mcp.__file__, envace_mcp.__file__)")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs, mcp_file, envace_file = done.stdout.split()
+    assert theirs.startswith("1.") and mcp_file.startswith(str(venv))
+    assert not envace_file.startswith(str(venv))  # envace-mcp is this environment's, not a copy
+    assert here.startswith("2.") and version("mcp") == here
 
 
 def test_langchain_mcp_adapters_tools_are_gated_alike_in_an_environment_of_their_own():
-    here = sysconfig.get_paths()["purelib"]
-    done = subprocess.run([adapters_python(), "-c", BOOT, here, __file__, sys.executable], cwd=Path(__file__).parent,
+    python = adapters_venv() / "bin" / "python"
+    done = subprocess.run([str(python), __file__, sys.executable], cwd=Path(__file__).parent,
                           capture_output=True, text=True, timeout=240, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -254,14 +305,13 @@ def test_langchain_mcp_adapters_tools_are_gated_alike_in_an_environment_of_their
 
 @pytest.mark.slow
 def test_the_examples_run_as_written_and_approve_the_delete_after_showing_it():
-    """Both examples, with the embedded model rehearsing: the langchain.mcp one here, the adapters' one in
-    their environment (with this environment's site-packages after its own, as its docstring sets up)."""
-    runs = [[sys.executable, str(ROOT / "examples" / "langchain_mcp_agent.py")],
-            [adapters_python(), "-c", BOOT, sysconfig.get_paths()["purelib"],
-             str(ROOT / "examples" / "langchain_mcp_adapters_agent.py"), sys.executable]]
-    for command in runs:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
+    """Both examples, with the embedded model rehearsing: the langchain.mcp one here, the adapters' one by the
+    last command of its docstring, in the environment its other commands made."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runs = [subprocess.run([sys.executable, str(ROOT / "examples" / "langchain_mcp_agent.py")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL),
+            run_as_documented(recipe()[-1], adapters_venv(), timeout=600, env=env)]
+    for done in runs:
         assert done.returncode == 0, done.stderr[-4000:]
         assert "approval requested:\ndelete_todo({\"id\": \"t2\"})" in done.stdout
         assert "delete_todo: decision=ask approved=True ran=True" in done.stdout
