@@ -152,8 +152,8 @@ def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
                   if fidelity else "-")
     if fidelity:
         table.add_row("  exact / status right", f"{number(world['exact_match'])} / {number(world['error_prediction'])}")
-        for kind, what in (("echoed", "echoed from the call"), ("seen", "seen earlier in the run"),
-                           ("new", "new (computed, made)")):
+        for kind, what in (("echoed", "echoed from the call"), ("seen", "read earlier in the run"),
+                           ("new", "computed (or made) by the server")):
             table.add_row(f"  fields {what}", f"{number(world[f'{kind}_field_accuracy'])} of {world[f'{kind}_fields']}")
     table.add_row("tokens (prompt + completion)", f"{tokens} in {generations} generations")
     table.add_row("real calls made", str(real))

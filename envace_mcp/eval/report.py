@@ -68,9 +68,9 @@ def markdown(results: list[dict[str, Any]], comparison: dict[str, Any] | None = 
     modelled = [res for res in results if res["summary"]["fidelity"]["executed_rehearsed_calls"]]
     if modelled:
         lines += ["", "The world model on executed rehearsed calls. Fields of successful real results: *echoed* "
-                      "repeat one of the call's arguments, *seen* were in an earlier real result of the run, *new* "
+                      "repeat one of the call's arguments, *read* were in an earlier real result of the run, *computed* "
                       "the environment computed or made (new balances, changed statuses, fresh ids):", "",
-                  "| configuration | calls | exact | field acc. | echoed fields | seen fields | new fields | status acc. |",
+                  "| configuration | calls | exact | field acc. | echoed fields | read fields | computed fields | status acc. |",
                   "|---|---|---|---|---|---|---|---|"]
         for res in modelled:
             f = res["summary"]["fidelity"]

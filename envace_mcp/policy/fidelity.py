@@ -81,7 +81,8 @@ def field_split(predicted: Any, real: Any, arguments: Any, earlier: Iterable[Any
       items read before it is cancelled): the world model can copy it from the conversation;
     - `new`: neither: the environment computed or made it (new balances, a changed status, a fresh id).
 
-    `predicted=None` (an invalid rehearsal, or an error predicted for a success) gets none right."""
+    `predicted=None` (an invalid rehearsal, or an error predicted for a success) gets none right. The keys
+    are stored in saved results; what people read calls `seen` *read* and `new` *computed*."""
     return _split(leaves(predicted) if predicted is not None else {}, real, arguments, earlier)
 
 
