@@ -76,7 +76,7 @@ def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_ga
     assert unmeasured.returncode == 2 and "has no report (trust.json): measure it first" in unmeasured.stderr
     (world / "trust.json").write_text(json.dumps({"tools": {"get_balance": {"stop": True}}}))
     out = run("run", "What is the balance of CHK-9995?", "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
-              "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--limits", "max_steps=1",
+              "--world-model", str(world), "--max-new-tokens", "8", "--limits", "max_steps=1",
               "--traces", str(tmp_path / "traces"), timeout=300)
     assert out.returncode == 0, out.stderr
     (trace,) = TraceStore(tmp_path / "traces").read()

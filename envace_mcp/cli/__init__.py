@@ -86,6 +86,7 @@ RETIRED = {
     "--fp32": "-c performance.bf16=false", "--share-prefix": "-c performance.share_prefix=true",
     "--no-share-prefix": "-c performance.share_prefix=false", "--micro-batch": "-c performance.micro_batch=N",
     "--micro-tokens": "-c performance.micro_tokens=N", "--max-new-tokens": "-c max_new_tokens=N",
+    "--rehearse-adapter": "--world-model",
 }
 """Options that moved into a settings model (`--limits`, `-c`), for the error an old command line meets,
 where the command takes that door (a `-c` hint only where it has `-c`)."""

@@ -161,7 +161,7 @@ def _rehearse_adapter_folder(value: str | None) -> str | None:
 
 
 RehearseAdapterOpt = Annotated[Optional[str], typer.Option(
-    "--world-model", "--rehearse-adapter", callback=_rehearse_adapter_folder,
+    "--world-model", callback=_rehearse_adapter_folder,
     help="the rehearse role runs the model with this adapter instead: a world model fitted to your tools "
          "(`envace world-model fit`), its trust table deciding whose predictions the gate acts on; a second copy of the weights")]
 

@@ -1,0 +1,41 @@
+"""What a user of `envace` meets: every product option says what it does under one name, research
+switches live in settings rather than on the product's command lines, and `envace run` says what it is
+doing while a model loads."""
+
+import typer
+from typer.testing import CliRunner
+
+from envace_mcp.cli import app
+
+
+def product_options() -> dict[str, list]:
+    """`{"run": [options], "traces ls": [...], ...}` for every command but the `lab` group's."""
+    root = typer.main.get_command(app)
+    ctx = root.context_class(root)
+    found: dict[str, list] = {}
+
+    def walk(command, path):
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(ctx):
+                if path or name != "lab":
+                    walk(command.get_command(ctx, name), [*path, name])
+        else:
+            found[" ".join(path)] = [p for p in command.params if type(p).__name__.endswith("Option")
+                                     and p.name != "help"]
+    walk(root, [])
+    return found
+
+
+def test_every_product_option_has_help_and_one_long_name():
+    options = product_options()
+    assert {"run", "eval", "train sft", "train grpo", "servers serve", "traces ls"} <= set(options)
+    silent = [f"{cmd} {p.opts[0]}" for cmd, params in options.items() for p in params if not (p.help or "").strip()]
+    assert not silent, silent
+    aliased = [f"{cmd} {'/'.join(p.opts)}" for cmd, params in options.items() for p in params
+               if len([o for o in p.opts if o.startswith("--")]) > 1]
+    assert not aliased, aliased
+
+
+def test_the_world_model_option_has_one_name_and_the_old_one_says_where_it_went():
+    shown = CliRunner().invoke(app, ["run", "--help"]).output
+    assert "--world-model" in shown and "--rehearse-adapter" not in shown
