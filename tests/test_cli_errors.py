@@ -177,14 +177,16 @@ BAD = [
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "-c", "experimental.kinds=[bingo]"],
      "experimental.kinds picks the tasks to roll out: it needs --suite"),
     (["lab", "plot", "{f}/folder"], "no metrics.jsonl in"),
-    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8"], "another configuration (k: 4 → 8; there → now)"),
+    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8", "--mode", "simulated"],
+     "another configuration (k: 4 → 8; there → now)"),
+    (["train", "grpo", "--out", "{f}/started", "--suite", "bank"], 'another configuration (mode: "simulated" → "real"'),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "/proc/envace-out"], "cannot write to /proc/envace-out"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "{f}/a-file/out"], "cannot write to"),
     (["lab", "sample", "/proc/envace-out", "{f}/hosted"], "cannot write to /proc/envace-out"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/hosted"], "act turns without sampling logprobs (model: hosted)"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/unshaped", "--config", "{f}/f1.json"],
      "call_f1_weight adds each run's tool-call F1 against its task's reference calls, and 1 of 1 runs have no"),
-    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/fidelity.json"],
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--mode", "simulated", "--config", "{f}/fidelity.json"],
      "fidelity_weight rewards rehearsals whose call really ran, and simulated mode"),
 ]
 

@@ -117,7 +117,10 @@ def train_grpo_command(
                                                    help="offline: a trace folder of grouped, rewarded runs")] = None,
     suite: Annotated[Optional[str], typer.Option(help="online: roll out this bundled suite's train tasks (-c split=fit: less its validation ones)")] = None,
     k: Annotated[int, typer.Option(min=2, help="online: runs per task (GRPO group size)")] = 4,
-    mode: Annotated[Literal["simulated", "real", "mixed"], typer.Option(help="online: where tool results come from")] = "simulated",
+    mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(
+        help="online: where tool results come from: real (the suite's server; the shipped adapter was trained so), "
+             "simulated (EnvACE's: the rehearse role answers; 75 % of its groups gave no signal, docs/evidence.md#grpo-arms) "
+             "or mixed")] = "real",
     steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (over the config's; a longer run resumes)")] = None,
     reward: Annotated[Optional[str], typer.Option(
         help="offline, runs without a checker: train on outcomes (what the servers said), approvals (what the person "
