@@ -39,3 +39,28 @@ def test_every_product_option_has_help_and_one_long_name():
 def test_the_world_model_option_has_one_name_and_the_old_one_says_where_it_went():
     shown = CliRunner().invoke(app, ["run", "--help"]).output
     assert "--world-model" in shown and "--rehearse-adapter" not in shown
+
+
+def test_research_switches_are_settings_of_run_eval_and_sft_not_product_options():
+    runner = CliRunner()
+    for command, gone in ((["run"], ("--rehearse ", "--constrain-calls")), (["eval"], ("--rehearse ",)),
+                          (["train", "sft"], ("--role",))):
+        shown = runner.invoke(app, [*command, "--help"]).output
+        assert "--config" in shown and not [flag for flag in gone if flag in shown], (command, shown)
+
+
+def test_run_takes_test_time_rehearsal_and_constrained_calls_from_its_settings(monkeypatch):
+    import envace_mcp.cli.agent as agent
+
+    seen = {}
+
+    async def fake_run(task, servers, model, adapter, mode, rehearse, gate, limits, sampling, traces, yes,
+                       constrain_calls, rehearse_adapter):
+        seen.update(task=task, rehearse=rehearse, constrain_calls=constrain_calls)
+
+    monkeypatch.setattr(agent, "_run", fake_run)
+    done = CliRunner().invoke(app, ["run", "a task", "-c", "rehearse=2", "-c", "constrain_calls=true"])
+    assert done.exit_code == 0, done.output
+    assert seen == {"task": "a task", "rehearse": 2, "constrain_calls": True}
+    CliRunner().invoke(app, ["run", "another"])
+    assert seen == {"task": "another", "rehearse": 0, "constrain_calls": False}  # off by default
