@@ -64,3 +64,43 @@ def test_run_takes_test_time_rehearsal_and_constrained_calls_from_its_settings(m
     assert seen == {"task": "a task", "rehearse": 2, "constrain_calls": True}
     CliRunner().invoke(app, ["run", "another"])
     assert seen == {"task": "another", "rehearse": 0, "constrain_calls": False}  # off by default
+
+
+def test_run_says_on_stderr_what_model_it_loads_before_the_wait(monkeypatch):
+    import envace_mcp.policy as policy
+    from envace_mcp.errors import UserError
+
+    def slow_load(model, **kwargs):
+        raise UserError("stopped at the load")  # the line must already be out
+
+    monkeypatch.setattr(policy, "load_policy", slow_load)
+    done = CliRunner().invoke(app, ["run", "a task", "--model", "acme/tiny-model\x1b[2J"])
+    assert done.exit_code == 2
+    lines = done.stderr.splitlines()
+    assert lines[0] == "loading acme/tiny-model\\x1b[2J …"  # named, escaped, before anything is waited on
+    assert "stopped at the load" in lines[-1] and "loading" not in done.stdout
+
+
+def test_the_gates_provenance_line_keeps_each_setting_and_flag_whole_at_any_width(tmp_path, monkeypatch):
+    import io
+    import json
+
+    from rich.console import Console
+
+    import envace_mcp.cli._common as common
+
+    (tmp_path / "envace.json").write_text(json.dumps({"gate": {
+        "rehearse": "all", "block_destructive_on_predicted_failure": True, "min_failure_confidence": 0.7,
+        "on_unusable": "block"}}))
+    wanted = ["rehearse=all", "block_destructive_on_predicted_failure=true", "min_failure_confidence=0.7",
+              "on_unusable=block", "(--gate overrides)"]
+    for width in (52, 60, 80, 100, 200):  # from the longest setting, indented, up
+        shown = io.StringIO()
+        monkeypatch.setattr(common, "console", Console(file=shown, width=width))
+        common._agent_gate(None, "acme/model", str(tmp_path))
+        lines = shown.getvalue().splitlines()
+        assert all(any(piece in line for line in lines) for piece in wanted), (width, lines)
+        assert all(len(line) <= width for line in lines), (width, lines)
+        assert " ".join(line.strip() for line in lines).replace(", ", ",") == (
+            "gate from the adapter's envace.json: rehearse=all,block_destructive_on_predicted_failure=true,"
+            "min_failure_confidence=0.7,on_unusable=block (--gate overrides)")

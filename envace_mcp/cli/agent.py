@@ -31,6 +31,7 @@ from envace_mcp.cli._common import (
     _suite,
     app,
     console,
+    loading,
 )
 from envace_mcp.config import Settings
 from envace_mcp.errors import EnvaceError
@@ -110,7 +111,7 @@ def demo(
                 )
                 from envace_mcp.policy import load_policy
 
-                with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
+                with loading(model, adapter_folder):
                     try:
                         policy = load_policy(model, adapter=adapter_folder)
                     except EnvaceError as exc:
@@ -198,7 +199,7 @@ async def _run(task, servers, model, adapter, mode, rehearse, gate_config, limit
     from envace_mcp.policy import load_policy
     from envace_mcp.toolbox import Toolbox
 
-    with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
+    with loading(model, adapter, rehearse_adapter):
         try:
             policy = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter, constrain_calls=constrain_calls)
         except EnvaceError as exc:

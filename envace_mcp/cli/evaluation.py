@@ -24,6 +24,7 @@ from envace_mcp.cli._common import (
     _suite,
     app,
     console,
+    loading,
 )
 from envace_mcp.errors import EnvaceError
 
@@ -111,7 +112,7 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
     if settings.policy == "model":
         from envace_mcp.eval.evaluate import load_model_policy
 
-        with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
+        with loading(settings.model, settings.adapter_folder(), settings.rehearse_adapter):
             try:
                 policy = load_model_policy(settings)
             except EnvaceError as exc:
