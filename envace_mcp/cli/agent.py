@@ -191,15 +191,15 @@ def run_command(
 
 async def _run(task, servers, model, adapter, mode, rehearse, gate_config, limits, sampling, traces, yes,  # noqa: ANN001
                constrain_calls, rehearse_adapter) -> None:
-    from langchain_core.messages import HumanMessage
+    with loading(model, adapter, rehearse_adapter):  # said first: these imports are part of the wait
+        from langchain_core.messages import HumanMessage
 
-    from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
-    from envace_mcp.graph import EnvaceContext, create_envace_graph
-    from envace_mcp.graph.tts import condense, imagine
-    from envace_mcp.policy import load_policy
-    from envace_mcp.toolbox import Toolbox
+        from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
+        from envace_mcp.graph import EnvaceContext, create_envace_graph
+        from envace_mcp.graph.tts import condense, imagine
+        from envace_mcp.policy import load_policy
+        from envace_mcp.toolbox import Toolbox
 
-    with loading(model, adapter, rehearse_adapter):
         try:
             policy = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter, constrain_calls=constrain_calls)
         except EnvaceError as exc:
