@@ -160,7 +160,6 @@ BAD = [
     (["policy", "try", "--role", "judge"], "'--role'"),
     (["policy", "try", "--args", "[1, 2]"], "must be a JSON object"),
     (["policy", "try", "--server", "casino"], "unknown suite"),
-    (["policy", "try", "--model", "vllm:http://127.0.0.1:9/v1"], "vLLM at http://127.0.0.1:9/v1 is not reachable"),
     (["train", "sft", "--traces", "{f}/missing", "--out", "{f}/out"], "'--traces'"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out"], "no recorded runs"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--epochs", "0"], "'--epochs'"),
@@ -220,6 +219,16 @@ def test_every_bad_invocation_fails_in_one_line_with_exit_code_2_before_anything
             wrong.append(f"{' '.join(args)} -> rc {out.returncode}, loaded [{loaded}], stderr {out.stderr[-600:]!r}")
     assert not wrong, "\n".join(wrong)
     assert not (files / "out").exists()  # nothing was written for any of them
+
+
+def test_a_model_that_cannot_be_reached_is_named_as_it_loads_then_one_error_line(files):
+    """Not a bad command line: the server is looked for when the model loads, which the command announces
+    (what it loads, on stderr) before the one error line; nothing heavy was imported."""
+    out, loaded = invoke(["policy", "try", "--model", "vllm:http://127.0.0.1:9/v1"], files)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and loaded == "" and out.stdout == "", out.stderr
+    assert lines[0].startswith("loading vllm:http://127.0.0.1:9/v1") and len(lines) == 2
+    assert lines[1].startswith("error: vLLM at http://127.0.0.1:9/v1 is not reachable")
 
 
 def test_no_arguments_shows_the_help_and_exits_0():
