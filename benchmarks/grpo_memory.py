@@ -1,6 +1,6 @@
 """Peak memory (RSS) of online GRPO on the embedded model, by phase: loading, rollouts, update.
 
-What `envace train grpo --suite bank --k 4` does for `--steps` steps (4 groups of 4 simulated runs per
+What `envace train grpo --suite bank --k 4 --mode simulated` does for `--steps` steps (4 groups of 4 simulated runs per
 step, fp32, LoRA, gradient checkpointing), with a sampler thread reading this process's RSS every
 50 ms. The baseline is the model's own weights (what any trainer holds at least).
 

@@ -5,6 +5,7 @@ control characters visible); calls are shown whole."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -31,6 +32,23 @@ def _prediction(p: dict[str, Any] | None, limit: int | None = 160) -> Text:
         return Text.assemble(("predicts error ", "yellow"), safe(str(p.get("code"))), ": ",
                              shown(p.get("message") or p.get("details") or ""))
     return Text.assemble(("rehearsal unusable (", "dim"), safe(str(p.get("code")), "dim"), (")", "dim"))
+
+
+REPLY_LINES = 12
+"""A tool reply's text lines shown (each cut at 160 characters): enough for an object or a short listing."""
+
+
+def _reply(content: Any, indent: int) -> Text:
+    r"""A tool's reply as the lines it is written in (a server's indented JSON, a text listing), each line
+    escaped (`safe`: a lone `\r` or an escape sequence in a line is shown, never obeyed) and indented under
+    the first; long replies are cut with a count of the lines left out. Not text: one line of JSON."""
+    if not isinstance(content, str):
+        return safe(shorten(content))
+    lines = re.split(r"\r?\n", content.strip("\r\n"))
+    shown = Text("\n" + " " * indent).join(safe(shorten(line)) for line in lines[:REPLY_LINES])
+    if len(lines) > REPLY_LINES:
+        shown.append(f"\n{' ' * indent}… {len(lines) - REPLY_LINES} more lines", "dim")
+    return shown
 
 
 class Transcript:
@@ -73,7 +91,7 @@ class Transcript:
             record = self.records.get(message.tool_call_id, {})
             colour = "red" if message.status == "error" else "green"
             label = "simulated" if record.get("decision") == "simulate" else "real" if record.get("real") else "reply"
-            line = Text.assemble("   ", (f"{label}: ", colour), safe(shorten(message.content)))
+            line = Text.assemble("   ", (f"{label}: ", colour), _reply(message.content, indent=5 + len(label)))
             match = record.get("match")
             if match is not None:
                 line.append_text(Text(" (matched)", "green") if match >= 0.999 else Text.assemble(

@@ -52,13 +52,13 @@ def test_demo_runs_the_embedded_agent_end_to_end_with_a_checker_score(tmp_path):
 
 def test_run_prints_a_transcript_and_rejects_bad_gate_settings():
     out = run("run", "What is the balance of CHK-9995?", "--max-new-tokens", "16", "--limits", "max_steps=1",
-              "--constrain-calls", timeout=600)
+              "-c", "constrain_calls=true", timeout=600)
     # one turn, cut at 16 tokens inside its call: the run ends without an answer, says why, and exits 1
     assert out.returncode == 1, out.stderr
     assert "final answer: none: the agent used its 1 turn without answering" in out.stdout
     bad = run("run", "x", "--gate", "bogus=1")
     assert bad.returncode == 2 and "unknown setting 'bogus'" in bad.stderr
-    vllm = run("run", "x", "--model", "vllm:http://127.0.0.1:9/v1", "--constrain-calls")
+    vllm = run("run", "x", "--model", "vllm:http://127.0.0.1:9/v1", "-c", "constrain_calls=true")
     assert vllm.returncode == 2 and "transformers backend" in vllm.stderr
 
 
@@ -76,7 +76,7 @@ def test_a_second_adapter_for_the_rehearse_role_is_named_in_the_trace_and_its_ga
     assert unmeasured.returncode == 2 and "has no report (trust.json): measure it first" in unmeasured.stderr
     (world / "trust.json").write_text(json.dumps({"tools": {"get_balance": {"stop": True}}}))
     out = run("run", "What is the balance of CHK-9995?", "--model", str(tiny_qwen3_dir), "--adapter", str(agent),
-              "--rehearse-adapter", str(world), "--max-new-tokens", "8", "--limits", "max_steps=1",
+              "--world-model", str(world), "--max-new-tokens", "8", "--limits", "max_steps=1",
               "--traces", str(tmp_path / "traces"), timeout=300)
     assert out.returncode == 0, out.stderr
     (trace,) = TraceStore(tmp_path / "traces").read()

@@ -75,7 +75,7 @@ BAD = [
     (["eval", "--suite", "nosuch", "--out", "{f}/out"], "unknown suite 'nosuch'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--task", "bank/test/9999"], "no task 'bank/test/9999'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--adapter", "{f}/missing"], "'--adapter'"),
-    (["eval", "--suite", "bank", "--out", "{f}/out", "--rehearse-adapter", "{f}/a-file"], "'--rehearse-adapter'"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--world-model", "{f}/a-file"], "'--world-model'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "colour=blue"], "--compare: unknown setting 'colour'"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--compare", "split=train"], "split cannot differ"),
     (["eval", "--suite", "bank", "--out", "{f}/out", "--gate", "max_steps=8"], "it is a run limit"),
@@ -103,7 +103,17 @@ BAD = [
     (["run", "x", "--model", "./no/such/model"], "'--model'"),
     (["run", "x", "--model", "{f}/a-file"], "'--model'"),
     (["run", "x", "--traces", "{f}/a-file"], "'--traces'"),
-    (["run", "x", "--rehearse-adapter", "{f}/missing"], "'--rehearse-adapter'"),
+    (["run", "x", "--world-model", "{f}/missing"], "'--world-model'"),
+    (["run", "x", "--rehearse-adapter", "{f}/missing"], "No such option: --rehearse-adapter; it is --world-model now"),
+    (["run", "x", "--rehearse", "2"], "No such option: --rehearse; it is -c rehearse=N now"),
+    (["run", "x", "--constrain-calls"], "No such option: --constrain-calls; it is -c constrain_calls=true now"),
+    (["run", "x", "-c", "rehearse=-1"], "rehearse must be greater than or equal to 0"),
+    (["run", "x", "-c", "constrain_call=true"], "unknown setting 'constrain_call'; did you mean 'constrain_calls'?"),
+    (["eval", "--suite", "bank", "--out", "{f}/out", "--rehearse", "2"], "No such option: --rehearse; it is -c rehearse=N now"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--role", "act"],
+     "No such option: --role; it is -c roles=[act] (or [rehearse]) now"),
+    (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "-c", "roles=[critique]"],
+     "roles must be 'act' or 'rehearse', not 'critique'"),
     (["demo", "--transport", "pigeon"], "'--transport'"),
     (["demo", "--domain", "casino"], "unknown suite 'casino'"),
     (["demo", "--task", "bank/test/9999"], "no task"),
@@ -150,7 +160,6 @@ BAD = [
     (["policy", "try", "--role", "judge"], "'--role'"),
     (["policy", "try", "--args", "[1, 2]"], "must be a JSON object"),
     (["policy", "try", "--server", "casino"], "unknown suite"),
-    (["policy", "try", "--model", "vllm:http://127.0.0.1:9/v1"], "vLLM at http://127.0.0.1:9/v1 is not reachable"),
     (["train", "sft", "--traces", "{f}/missing", "--out", "{f}/out"], "'--traces'"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out"], "no recorded runs"),
     (["train", "sft", "--traces", "{f}/folder", "--out", "{f}/out", "--epochs", "0"], "'--epochs'"),
@@ -176,14 +185,16 @@ BAD = [
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/folder", "-c", "experimental.kinds=[bingo]"],
      "experimental.kinds picks the tasks to roll out: it needs --suite"),
     (["lab", "plot", "{f}/folder"], "no metrics.jsonl in"),
-    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8"], "another configuration (k: 4 → 8; there → now)"),
+    (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8", "--mode", "simulated"],
+     "another configuration (k: 4 → 8; there → now)"),
+    (["train", "grpo", "--out", "{f}/started", "--suite", "bank"], 'another configuration (mode: "simulated" → "real"'),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "/proc/envace-out"], "cannot write to /proc/envace-out"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "{f}/a-file/out"], "cannot write to"),
     (["lab", "sample", "/proc/envace-out", "{f}/hosted"], "cannot write to /proc/envace-out"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/hosted"], "act turns without sampling logprobs (model: hosted)"),
     (["train", "grpo", "--out", "{f}/out", "--traces", "{f}/unshaped", "--config", "{f}/f1.json"],
      "call_f1_weight adds each run's tool-call F1 against its task's reference calls, and 1 of 1 runs have no"),
-    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--config", "{f}/fidelity.json"],
+    (["train", "grpo", "--out", "{f}/out", "--suite", "bank", "--mode", "simulated", "--config", "{f}/fidelity.json"],
      "fidelity_weight rewards rehearsals whose call really ran, and simulated mode"),
 ]
 
@@ -208,6 +219,16 @@ def test_every_bad_invocation_fails_in_one_line_with_exit_code_2_before_anything
             wrong.append(f"{' '.join(args)} -> rc {out.returncode}, loaded [{loaded}], stderr {out.stderr[-600:]!r}")
     assert not wrong, "\n".join(wrong)
     assert not (files / "out").exists()  # nothing was written for any of them
+
+
+def test_a_model_that_cannot_be_reached_is_named_as_it_loads_then_one_error_line(files):
+    """Not a bad command line: the server is looked for when the model loads, which the command announces
+    (what it loads, on stderr) before the one error line; nothing heavy was imported."""
+    out, loaded = invoke(["policy", "try", "--model", "vllm:http://127.0.0.1:9/v1"], files)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and loaded == "" and out.stdout == "", out.stderr
+    assert lines[0].startswith("loading vllm:http://127.0.0.1:9/v1") and len(lines) == 2
+    assert lines[1].startswith("error: vLLM at http://127.0.0.1:9/v1 is not reachable")
 
 
 def test_no_arguments_shows_the_help_and_exits_0():

@@ -147,6 +147,22 @@ def test_the_transcript_shows_calls_whole_and_untrusted_text_as_text():
     assert "to_account_id:" in out and '"CHK-1770"' in out and "m" * 60 in out  # the long call whole
 
 
+def test_a_real_tool_reply_is_shown_as_its_lines_each_still_escaped():
+    """A server's indented JSON or a text listing reads as lines, not one line of `\\n`; a line's control
+    characters are still shown as escapes, and a long reply says how many lines it left out."""
+    shown = io.StringIO()
+    transcript = Transcript(Console(file=shown, width=100))
+    reply = '{\r\n  "balance": 5,\n  "memo": "paid\x1b[2J\rthanks"\n}\n'
+    transcript.update("act", {"rehearsals": [{"call_id": "c1", "real": {"balance": 5}}],
+                              "messages": [ToolMessage(content=reply, tool_call_id="c1")]})
+    lines = shown.getvalue().splitlines()
+    assert lines == ["   real: {", '           "balance": 5,', '           "memo": "paid\\x1b[2J\\rthanks"', "         }"]
+    shown.truncate(0), shown.seek(0)
+    transcript.update("act", {"messages": [ToolMessage(content="\n".join(f"row {i}" for i in range(20)), tool_call_id="c2")]})
+    lines = shown.getvalue().splitlines()
+    assert lines[0] == "   reply: row 0" and lines[11] == "          row 11" and lines[12] == "          … 8 more lines"
+
+
 @pytest.mark.parametrize(("text", "seen"), [
     ("a\x1bMb", "a\\x1bMb"), ("\x1bc", "\\x1bc"), ("x\x9b2J", "x\\x9b2J"), ("del\x7f", "del\\x7f"),
     ("line\nnext\r\t", "line\\nnext\\r\\t"), ("\u202eevil\u202c\u2066\u2069", "\\u202eevil\\u202c\\u2066\\u2069"),

@@ -86,9 +86,15 @@ RETIRED = {
     "--fp32": "-c performance.bf16=false", "--share-prefix": "-c performance.share_prefix=true",
     "--no-share-prefix": "-c performance.share_prefix=false", "--micro-batch": "-c performance.micro_batch=N",
     "--micro-tokens": "-c performance.micro_tokens=N", "--max-new-tokens": "-c max_new_tokens=N",
+    "--rehearse-adapter": "--world-model", "--rehearse": "-c rehearse=N", "--role": "-c roles=[act] (or [rehearse])",
 }
 """Options that moved into a settings model (`--limits`, `-c`), for the error an old command line meets,
 where the command takes that door (a `-c` hint only where it has `-c`)."""
+
+RETIRED_FROM = {"--rehearse": ("envace run", "envace eval"), "--role": ("envace train sft",),
+                "--constrain-calls": ("envace run", "envace eval")}
+"""Where a retired option's hint holds: the commands whose settings have that key (`train grpo` has no
+`rehearse`, and `policy try` still has a `--role`)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             option = getattr(exc, "option_name", None)
             takes_config = ctx is not None and any("--config" in getattr(p, "opts", ()) for p in ctx.command.params)
             if (type(exc).__name__ == "NoSuchOption" and option in RETIRED  # Click's guess would mislead
-                    and (takes_config or not RETIRED[option].startswith("-c"))):
+                    and (takes_config or not RETIRED[option].startswith("-c"))
+                    and (option not in RETIRED_FROM or ctx.command_path in RETIRED_FROM[option])):
                 message = f"No such option: {option}; it is {RETIRED[option]} now"
             err_console.print(Text.assemble(("error: ", "bold red"), where + message))
             code = getattr(exc, "exit_code", 2)

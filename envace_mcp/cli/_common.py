@@ -33,7 +33,9 @@ err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 def _options(verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="show third-party warnings, log messages and loading bars")] = False) -> None:
     """Agents that rehearse before they act (EnvACE) for LangGraph + MCP."""
-    if not verbose and not os.environ.get("ENVACE_VERBOSE"):
+    if verbose:
+        os.environ["ENVACE_VERBOSE"] = "1"  # the model loader's own bars too (`engine.model.quiet_loading`)
+    elif not os.environ.get("ENVACE_VERBOSE"):
         quiet_third_parties()
 
 
@@ -161,7 +163,7 @@ def _rehearse_adapter_folder(value: str | None) -> str | None:
 
 
 RehearseAdapterOpt = Annotated[Optional[str], typer.Option(
-    "--world-model", "--rehearse-adapter", callback=_rehearse_adapter_folder,
+    "--world-model", callback=_rehearse_adapter_folder,
     help="the rehearse role runs the model with this adapter instead: a world model fitted to your tools "
          "(`envace world-model fit`), its trust table deciding whose predictions the gate acts on; a second copy of the weights")]
 
@@ -286,6 +288,40 @@ INTERACTIVE_GATE = {"require_approval": "destructive"}
 rehearsed outcome); `--gate require_approval=never` or `--yes` for unattended runs."""
 
 
+EMBEDDED_NAME = "the embedded SmolLM2-135M-Instruct"
+
+
+@contextlib.contextmanager
+def loading(model: str | None, adapter: Any = None, world_model: Any = None) -> Iterator[None]:
+    """Before a model loads, one line on stderr naming what loads (model, adapter, world model; the names
+    escaped): on a small CPU loading takes a minute or more, and a run that prints nothing meanwhile looks
+    hung, whatever stdout is. On a terminal a spinner runs beside it until the model is in; the loader
+    offers no progress of its own beyond transformers' weight bar, which `-v` shows."""
+    line = Text.assemble("loading ", safe(model) if model else EMBEDDED_NAME, style="dim")
+    for label, folder in (("adapter", adapter), ("world model", world_model)):
+        if folder is not None:
+            line.append_text(Text.assemble(f", {label} ", safe(str(folder)), style="dim"))
+    err_console.print(Text.assemble(line, (" …", "dim")))
+    with err_console.status(Text("loading …", "dim")):  # nothing off a terminal
+        yield
+
+
+def whole_pieces(pieces: list[tuple[str, str]], width: int, indent: int = 4) -> Text:
+    """`(separator, piece)` pairs laid out in lines of at most `width` columns, broken only at a separator
+    (a space is dropped there, a comma ends the line) and never inside a piece: a flag, a `key=value`
+    setting or a phrase that reads wrong cut in two. A piece longer than the width gets a line of its own,
+    whole."""
+    lines = [""]
+    for i, (separator, piece) in enumerate(pieces):
+        closing = len(pieces[i + 1][0].strip()) if i + 1 < len(pieces) else 0  # the comma it may end with
+        if lines[-1].strip() and len(lines[-1]) + len(separator) + len(piece) + closing > width:
+            lines[-1] += separator.strip()  # a comma stays at the end of the line it closes
+            lines.append(" " * indent + piece)
+        else:
+            lines[-1] += (separator if lines[-1] else "") + piece
+    return Text("\n".join(lines))
+
+
 def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announce: bool = True,
                 rehearse_adapter: str | None = None) -> tuple[Any, str | None]:
     """`envace demo` / `envace run`: the adapter to load (`default_adapter`) and the gate, built from
@@ -307,9 +343,15 @@ def _agent_gate(spec: str | None, model: str | None, adapter: str | None, announ
     if recommended and announce:  # after every check of the command line: a bad one prints nothing else
         from envace_mcp.config import settings_text
 
-        shown = settings_text(recommended)
+        from envace_mcp._text import visible
+
         whose = "the rehearse adapter's" if rehearse_adapter is not None else "the adapter's"
-        console.print(f"[dim]gate from {whose} envace.json: {shown} (--gate overrides)[/]")
+        settings = [("," if i else " ", visible(settings_text({k: v})))  # the adapter file's text: escaped
+                    for i, (k, v) in enumerate(recommended.items())]
+        pieces = [(" " if i else "", word) for i, word in enumerate(f"gate from {whose} envace.json:".split())]
+        line = whole_pieces([*pieces, *settings, (" ", "(--gate overrides)")], console.width)
+        line.stylize("dim")
+        console.print(line, soft_wrap=True)  # laid out here: rich would fold a long setting mid-way
     return config, folder
 
 

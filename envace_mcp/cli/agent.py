@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Optional
 
 import anyio
 import typer
+from pydantic import Field
 from rich.text import Text
 
 from envace_mcp._terminal import inline_call, safe
@@ -23,18 +24,35 @@ from envace_mcp.cli._common import (
     announce_trust,
     _bundled_config,
     _catalog_table,
+    _config_layers,
     _fail,
     _limits,
     _sampling,
     _suite,
     app,
     console,
+    loading,
 )
+from envace_mcp.config import Settings
 from envace_mcp.errors import EnvaceError
 
 
 DEMO_LIMITS = {"max_steps": 4}
 """`envace demo`'s run limits under `--limits`: a short run to watch."""
+
+
+class RunConfig(Settings):
+    """`envace run -c key=value`: research switches, off by default, under the names `envace eval -c` gives
+    them. Neither ships on (docs/evidence.md): test-time rehearsal lowered bank validation scores, and
+    constrained calls, better where a call is wanted, turn malformed calls into valid wrong ones and let
+    more harmful writes run (bank test: 30 → 69)."""
+
+    rehearse: int = Field(default=0, ge=0)
+    """Test-time rehearsal: N imagined runs (simulated, in parallel) before the real one, condensed into
+    notes it starts from (`graph.tts`)."""
+    constrain_calls: bool = False
+    """Decode the act role's tool calls under the tools' schemas (`policy.constrained`; transformers models
+    only)."""
 
 
 @app.command("demo")
@@ -93,7 +111,7 @@ def demo(
                 )
                 from envace_mcp.policy import load_policy
 
-                with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
+                with loading(model, adapter_folder):
                     try:
                         policy = load_policy(model, adapter=adapter_folder)
                     except EnvaceError as exc:
@@ -137,14 +155,14 @@ def run_command(
     adapter: AdapterOpt = None,
     rehearse_adapter: RehearseAdapterOpt = None,
     mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(help="where tool results come from")] = "real",
-    rehearse: Annotated[int, typer.Option(min=0, help="imagined runs before the real one (test-time rehearsal)")] = 0,
     gate: GateOpt = None,
     limits: LimitsOpt = None,
     yes: YesOpt = False,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="tokens per turn of the agent (a rehearsal has its own 400)")] = 160,
     traces: TracesOut = None,
-    constrain_calls: Annotated[bool, typer.Option(
-        "--constrain-calls", help="decode tool calls under the tools' schemas (transformers models only)")] = False,
+    config: Annotated[Optional[list[str]], typer.Option(
+        "--config", "-c", help="research settings (repeatable), off by default: a JSON file of RunConfig fields, or "
+                               "key=value pairs: rehearse=N (test-time rehearsal), constrain_calls=true (docs/cli.md)")] = None,
 ) -> None:
     """Run the EnvACE agent on a task of your own against your MCP servers.
 
@@ -153,6 +171,12 @@ def run_command(
     terminal; --yes approves); the run ends with a summary. A run that ends without an answer (its
     turns spent, or the same call stopped three times) says why and exits with code 1."""
     run_limits = _limits(limits)  # every check of the command line before the gate is announced
+    from envace_mcp.config import build
+
+    try:
+        research = build(RunConfig, *_config_layers(config, RunConfig), where="envace run")
+    except EnvaceError as exc:
+        _fail(exc)
     if rehearse_adapter is not None:
         from envace_mcp.policy.trust import require_report
 
@@ -161,21 +185,21 @@ def run_command(
         except EnvaceError as exc:
             _fail(exc)
     gate_config, adapter_folder = _agent_gate(gate, model, adapter, rehearse_adapter=rehearse_adapter)
-    anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, rehearse, gate_config,
-              run_limits, _sampling(max_new_tokens), traces, yes, constrain_calls, rehearse_adapter)
+    anyio.run(_run, task, servers or _bundled_config(), model, adapter_folder, mode, research.rehearse, gate_config,
+              run_limits, _sampling(max_new_tokens), traces, yes, research.constrain_calls, rehearse_adapter)
 
 
 async def _run(task, servers, model, adapter, mode, rehearse, gate_config, limits, sampling, traces, yes,  # noqa: ANN001
                constrain_calls, rehearse_adapter) -> None:
-    from langchain_core.messages import HumanMessage
+    with loading(model, adapter, rehearse_adapter):  # said first: these imports are part of the wait
+        from langchain_core.messages import HumanMessage
 
-    from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
-    from envace_mcp.graph import EnvaceContext, create_envace_graph
-    from envace_mcp.graph.tts import condense, imagine
-    from envace_mcp.policy import load_policy
-    from envace_mcp.toolbox import Toolbox
+        from envace_mcp._transcript import TerminalApprover, Transcript, print_summary
+        from envace_mcp.graph import EnvaceContext, create_envace_graph
+        from envace_mcp.graph.tts import condense, imagine
+        from envace_mcp.policy import load_policy
+        from envace_mcp.toolbox import Toolbox
 
-    with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
         try:
             policy = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter, constrain_calls=constrain_calls)
         except EnvaceError as exc:

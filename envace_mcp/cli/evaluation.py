@@ -24,6 +24,7 @@ from envace_mcp.cli._common import (
     _suite,
     app,
     console,
+    loading,
 )
 from envace_mcp.errors import EnvaceError
 
@@ -47,14 +48,14 @@ def eval_command(
              "noop (answers without calling anything: the floor)")] = None,
     mode: Annotated[Optional[Literal["real", "simulated", "mixed"]], typer.Option(
         help="where tool results come from (default real)")] = None,
-    rehearse: Annotated[Optional[int], typer.Option(min=0, help="imagined runs before each real one (test-time rehearsal N)")] = None,
     repeats: Annotated[Optional[int], typer.Option(min=1, help="runs per task (pass^k needs k <= repeats)")] = None,
     gate: GateOpt = None,
     limits: LimitsOpt = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(min=1, help="tokens per turn of the agent (default 160)")] = None,
     config: Annotated[Optional[list[str]], typer.Option(
         "--config", "-c", help="more settings (repeatable): a JSON file of EvalConfig fields, or key=value pairs, "
-                               "e.g. -c temperature=1,seed=3,concurrency=4,transport=stdio (docs/evaluation.md)")] = None,
+                               "e.g. -c temperature=1,seed=3,concurrency=4,transport=stdio; research switches: rehearse=N "
+                               "(test-time rehearsal), constrain_calls=true (docs/evaluation.md)")] = None,
     compare: Annotated[Optional[str], typer.Option(
         help="a second configuration as changes to this one, e.g. 'rehearse=2' or 'adapter=runs/sft'; "
              "both run on the same tasks and the difference is reported with a 95 % bootstrap interval")] = None,
@@ -69,7 +70,7 @@ def eval_command(
 
     options = {"suite": suite, "split": split, "limit": limit, "tasks": list(task) if task else None, "model": model,
                "adapter": adapter, "rehearse_adapter": rehearse_adapter, "policy": policy, "mode": mode,
-               "rehearse": rehearse, "repeats": repeats, "max_new_tokens": max_new_tokens}
+               "repeats": repeats, "max_new_tokens": max_new_tokens}
     try:
         settings = build(EvalConfig, *_config_layers(config, EvalConfig),
                          {k: v for k, v in options.items() if v is not None},
@@ -111,7 +112,7 @@ def _one(suite: Any, tasks: list[Any], settings: Any, out: Path) -> dict[str, An
     if settings.policy == "model":
         from envace_mcp.eval.evaluate import load_model_policy
 
-        with console.status(f"loading {settings.model or 'the embedded SmolLM2-135M-Instruct'} …"):
+        with loading(settings.model, settings.adapter_folder(), settings.rehearse_adapter):
             try:
                 policy = load_model_policy(settings)
             except EnvaceError as exc:

@@ -38,7 +38,7 @@ def lab_reference(
         help="tools in act prompts, for templates without native tools: JSON schemas or one line per tool")] = "json",
     rehearse_format: Annotated[Literal["simulator", "inline"], typer.Option(
         help="rehearse prompts: EnvACE's fresh simulator chat, or the act context continued with the tool's reply")] = "simulator",
-    rehearsed: Annotated[int, typer.Option(min=0, help="start each run with the rehearsal memory of this many imagined attempts (right, mistyped, cut short, falling into the task's trap), as test-time rehearsal (`envace eval --rehearse N`) would: SFT data for an act role that will see one")] = 0,
+    rehearsed: Annotated[int, typer.Option(min=0, help="start each run with the rehearsal memory of this many imagined attempts (right, mistyped, cut short, falling into the task's trap), as test-time rehearsal (`envace eval -c rehearse=N`) would: SFT data for an act role that will see one")] = 0,
     seed: Annotated[int, typer.Option(help="with --rehearsed: which attempts are drawn")] = 0,
 ) -> None:
     """Record the suite's reference solutions through the graph (teacher forcing): SFT data."""

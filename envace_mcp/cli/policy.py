@@ -13,7 +13,7 @@ import typer
 from rich.text import Text
 
 from envace_mcp._terminal import discard_typed_ahead, inline_call, safe
-from envace_mcp.cli._common import AdapterOpt, ModelOpt, _fail, _flags, _servers_file, _suite, console, policy_app
+from envace_mcp.cli._common import AdapterOpt, ModelOpt, _fail, _flags, _servers_file, _suite, console, loading, policy_app
 from envace_mcp.errors import EnvaceError
 
 OwnServersOpt = Annotated[Optional[Path], typer.Option(
@@ -124,9 +124,13 @@ def _load(model: str | None, adapter: str | None) -> Any:
     from envace_mcp.policy import load_policy
     from envace_mcp.policy.embedded import default_adapter
 
-    with console.status(f"loading {model or 'the embedded SmolLM2-135M-Instruct'} …"):
+    try:
+        folder = default_adapter(model, adapter)
+    except EnvaceError as exc:
+        _fail(exc)
+    with loading(model, folder):
         try:
-            return load_policy(model, adapter=default_adapter(model, adapter))
+            return load_policy(model, adapter=folder)
         except EnvaceError as exc:
             _fail(exc)
 

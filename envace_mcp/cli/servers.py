@@ -52,9 +52,9 @@ def servers_config() -> None:
 def servers_serve(
     domain: Annotated[str, typer.Argument(help="bank or retail")],
     transport: Annotated[Literal["stdio", "http"], typer.Option(help="MCP transport")] = "stdio",
-    host: str = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="HTTP: the address to listen on (loopback unless --allow-remote)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port")] = 8000,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="seeds the server's starting data: the same seed, the same world")] = 0,
     allow_remote: Annotated[bool, typer.Option(
         "--allow-remote", help="serve HTTP on a --host other than loopback: the server has no authentication, so "
                                "anyone who can reach it can call every tool")] = False,

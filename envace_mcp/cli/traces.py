@@ -25,13 +25,18 @@ from envace_mcp.cli._common import (
 from envace_mcp.errors import EnvaceError, UserError
 from envace_mcp.traces.exporting import BUILT_IN, ExportConfig, get_exporter
 
+SuiteFilter = Annotated[Optional[str], typer.Option(help="only the runs of this suite, e.g. bank")]
+TaskFilter = Annotated[Optional[str], typer.Option(help="only the runs of this task id, e.g. bank/test/0004")]
+StatusFilter = Annotated[Optional[Literal["finished", "interrupted", "failed"]], typer.Option(
+    help="only the runs that ended this way")]
+
 
 @traces_app.command("ls")
 def traces_ls(
     directory: TracesDir,
-    suite: Optional[str] = None,
-    task: Optional[str] = None,
-    status: Optional[str] = None,
+    suite: SuiteFilter = None,
+    task: TaskFilter = None,
+    status: StatusFilter = None,
     limit: Annotated[int, typer.Option(min=1, help="rows shown")] = 50,
 ) -> None:
     """A table of recorded runs (newest last)."""
@@ -117,7 +122,7 @@ def traces_show(run: Annotated[str, typer.Argument(help="run id (a prefix is eno
 
 
 @traces_app.command("stats")
-def traces_stats(directory: TracesDir, suite: Optional[str] = None) -> None:
+def traces_stats(directory: TracesDir, suite: SuiteFilter = None) -> None:
     """Counts, success rate, the world model on executed calls, tokens, real calls made and avoided."""
     from envace_mcp.eval.metrics import fidelity_summary, rehearsal_fidelity
     from envace_mcp.eval.report import number
@@ -276,9 +281,9 @@ def traces_export(
     tokens: Annotated[bool, typer.Option(
         "--tokens", help="langsmith, atif: keep the generations' token ids and logprobs (atif: the act turns'; "
                          "trl rows always hold the act turns' where recorded)")] = False,
-    suite: Optional[str] = None,
-    task: Optional[str] = None,
-    status: Optional[str] = None,
+    suite: SuiteFilter = None,
+    task: TaskFilter = None,
+    status: StatusFilter = None,
 ) -> None:
     """Recorded runs to an observability backend (OpenTelemetry), a LangSmith dataset file, ATIF
     trajectories, TRL dataset rows, or any registered exporter (docs/traces.md)."""

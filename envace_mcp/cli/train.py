@@ -31,21 +31,17 @@ def train_sft_command(
     out: Annotated[Path, typer.Option(file_okay=False, help="where the adapter (or model) and its setup.json are saved")],
     model: Annotated[Optional[str], typer.Option(callback=_model_name, help="base model (default: embedded SmolLM2)")] = None,
     adapter: Annotated[Optional[Path], typer.Option(exists=True, file_okay=False, help="continue training this LoRA adapter (its rank; it must have been trained on the runs' prompt formats)")] = None,
-    role: Annotated[Optional[list[str]], typer.Option(help="train only this role's turns: act or rehearse (repeatable; default: both)")] = None,
     epochs: Annotated[Optional[int], typer.Option(min=1, help="passes over the rows (default 2)")] = None,
     config: Annotated[Optional[list[str]], typer.Option(
         "--config", "-c", help="more settings (repeatable): a JSON file of SFTConfig fields, or key=value pairs, "
-                               "e.g. -c lr=1e-4,lora=false,performance.micro_tokens=8192 (docs/training.md)")] = None,
+                               "e.g. -c lr=1e-4,lora=false,performance.micro_tokens=8192; roles=[act] or [rehearse] trains "
+                               "one role's turns (docs/training.md)")] = None,
 ) -> None:
     """Behaviour cloning: act turns of successful runs, rehearse turns aimed at the real results."""
-    unknown = sorted(set(role or ()) - {"act", "rehearse"})
-    if unknown:
-        _fail(ValueError(f"--role {', '.join(unknown)}: choose act or rehearse"))
     from envace_mcp.config import build
     from envace_mcp.train.config import SFTConfig
 
-    options = {"model": model, "adapter": str(adapter) if adapter else None, "roles": list(role) if role else None,
-               "epochs": epochs}
+    options = {"model": model, "adapter": str(adapter) if adapter else None, "epochs": epochs}
     try:
         settings = build(SFTConfig, *_config_layers(config, SFTConfig), {k: v for k, v in options.items() if v is not None},
                          where="envace train sft")
@@ -117,7 +113,10 @@ def train_grpo_command(
                                                    help="offline: a trace folder of grouped, rewarded runs")] = None,
     suite: Annotated[Optional[str], typer.Option(help="online: roll out this bundled suite's train tasks (-c split=fit: less its validation ones)")] = None,
     k: Annotated[int, typer.Option(min=2, help="online: runs per task (GRPO group size)")] = 4,
-    mode: Annotated[Literal["simulated", "real", "mixed"], typer.Option(help="online: where tool results come from")] = "simulated",
+    mode: Annotated[Literal["real", "simulated", "mixed"], typer.Option(
+        help="online: where tool results come from: real (the suite's server; the shipped adapter was trained so), "
+             "simulated (EnvACE's: the rehearse role answers; 75 % of its groups gave no signal, docs/evidence.md#grpo-arms) "
+             "or mixed")] = "real",
     steps: Annotated[Optional[int], typer.Option(min=1, help="optimizer steps (over the config's; a longer run resumes)")] = None,
     reward: Annotated[Optional[str], typer.Option(
         help="offline, runs without a checker: train on outcomes (what the servers said), approvals (what the person "

@@ -71,8 +71,8 @@ def test_each_campaign_analysis_imports_without_running_and_answers_help(name, m
     monkeypatch.setattr(sys, "argv", [name, "--help"])
     with pytest.raises(SystemExit) as stopped:
         module.main()
-    if name == "tts_memory_control":  # every argument goes to `envace eval`; it asks for --rehearse first
-        assert stopped.value.code == 2 and "give --rehearse N" in capsys.readouterr().err
+    if name == "tts_memory_control":  # every argument goes to `envace eval`; it asks for -c rehearse=N first
+        assert stopped.value.code == 2 and "give -c rehearse=N" in capsys.readouterr().err
     else:
         assert stopped.value.code == 0 and "usage:" in capsys.readouterr().out
 
