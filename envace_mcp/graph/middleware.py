@@ -53,6 +53,7 @@ from envace_mcp.graph.nodes._stalls import stall
 from envace_mcp.graph.state import RehearsalRecord, upsert_records
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.prompts import MEMORY_HEADER
+from envace_mcp.policy.roles import with_world_model
 from envace_mcp.policy.types import ToolCall
 
 try:
@@ -85,8 +86,6 @@ class RehearsalMiddleware(AgentMiddleware):
         every call to it waits for approval."""
         super().__init__()
         if world_model is not None:
-            from envace_mcp.policy.roles import with_world_model
-
             policy = with_world_model(policy, world_model)
         self.core = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                       record_key="rehearsals", trust_annotations=trust_annotations)

@@ -31,6 +31,7 @@ from envace_mcp.graph.dropin import ToolCallRehearsal
 from envace_mcp.graph.nodes._stalls import stall
 from envace_mcp.graph.gate import GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.policy.base import Policy
+from envace_mcp.policy.roles import with_world_model
 
 
 class RehearsingToolNode(ToolNode):
@@ -52,8 +53,6 @@ class RehearsingToolNode(ToolNode):
                  mode: Mode = "real", approve: Any = None, record_key: str | None = None, world_model: Any = None,
                  trust_annotations: bool = True, **kwargs: Any) -> None:
         if world_model is not None:  # a world model fitted to your tools rehearses (`roles.with_world_model`)
-            from envace_mcp.policy.roles import with_world_model
-
             policy = with_world_model(policy, world_model)
         gate = gate_for(policy, gate)
         if approve is None and (gate.require_approval != "never" or gate.approve_blocked):
