@@ -85,8 +85,11 @@ class Proposal:
 
 
 def spec_digest(spec: ToolSpec | None) -> str:
-    """A catalog entry's identity as the gate judges it: server, names, description, schemas, annotations."""
-    return "none" if spec is None else spec.digest
+    """The identity of the tool a decision was made on: `ToolSpec.behaviour` (server, remote tool, annotations,
+    schemas), the one identity of a tool: what the toolbox checks before it runs a call (`ToolSpec.same_tool`)
+    and what a trust table or a rules file is bound to. Everything the gate's decision reads of a tool is in
+    it; a catalog name or a description that changed alone does not make it another tool. "none": no tool."""
+    return "none" if spec is None else spec.behaviour
 
 
 def tool_calls(message: AIMessage) -> list[ToolCall]:
