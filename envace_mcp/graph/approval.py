@@ -37,6 +37,10 @@ class ApprovalRequest(TypedDict):
     rehearsal: NotRequired[dict[str, Any] | None]
     """The rehearsed outcome (`Prediction.model_dump()`), `None` when not rehearsed."""
     reason: NotRequired[str | None]
+    call_number: NotRequired[int]
+    """Which of the calls proposed together this is (1-based), where they are asked about one by one in
+    their order; absent for a call asked about alone."""
+    calls_in_turn: NotRequired[int]
 
 
 class InputRequest(TypedDict):
@@ -73,8 +77,11 @@ def approval_request(p: Proposal, sent: Any = None) -> ApprovalRequest:
     reason = p.decision.reason if p.decision else None
     rehearsal = p.prediction.model_dump(mode="json") if p.prediction else None
     args = p.call.arguments if sent is None else sent
-    return {"type": "tool_approval", "tool_call_id": p.call.id, "name": p.call.name, "args": args,
-            "description": describe(p, args), "rehearsal": rehearsal, "reason": reason}
+    request: ApprovalRequest = {"type": "tool_approval", "tool_call_id": p.call.id, "name": p.call.name, "args": args,
+                                "description": describe(p, args), "rehearsal": rehearsal, "reason": reason}
+    if p.position is not None:
+        request["call_number"], request["calls_in_turn"] = p.position[0] + 1, p.position[1]
+    return request
 
 
 def arguments_sent(backend: Any, call: ToolCall) -> Any:
@@ -89,6 +96,8 @@ def describe(p: Proposal, arguments: Any = None) -> str:
     why it needs approval, and what rehearsal predicts it will return. Plain text with control characters
     shown (`visible`)."""
     lines = [call_text(p.call.name, p.call.arguments if arguments is None else arguments)]
+    if p.position is not None:
+        lines.insert(0, f"Call {p.position[0] + 1} of {p.position[1]} proposed together (asked in their order):")
     if p.decision is not None:
         lines.append(f"Why: {visible(p.decision.reason)}")
     lines.append(f"Rehearsed outcome: {outcome_text(p.prediction)}")

@@ -59,6 +59,9 @@ class Proposal:
     decision: Decision | None = None
     gated_spec: str | None = None
     """`spec_digest` of the entry the decision was made on (set by `gate`)."""
+    position: tuple[int, int] | None = None
+    """(index, count): which of the calls proposed together this is, where a person is asked about them
+    one after another (a tool node's turn, `turn_order`); None where it is asked about alone."""
 
     @classmethod
     def from_record(cls, call: ToolCall, spec: ToolSpec | None, record: Mapping[str, Any]) -> Proposal:
