@@ -54,8 +54,10 @@ class GateConfig(Settings):
     approve_blocked: bool = False
     """Off: blocked calls are final. On: a human may approve them (needs a checkpointer)."""
     require_approval: Literal["never", "measured", "destructive", "always"] = "destructive"
-    """Approval for every destructive call (tools not annotated read-only, or whose server's annotations are
-    not trusted), or every call, with the call and its rehearsed outcome shown whole. The default in every
+    """Approval for every destructive call (a tool is destructive unless its server annotates it read-only or
+    `destructiveHint: false`: one without hints, or whose server's annotations are not trusted, is), or every
+    call, with the call and its rehearsed outcome shown whole. A write annotated not destructive runs unasked
+    under `"destructive"`, as a read does, unless the rest of the gate stops it. The default in every
     form — CLI, served graph, drop-ins, Python — since a real server's writes cannot be taken back and a
     world model's "no objection" is no consent. `"never"` is the explicit opt-out, for sandboxes (the
     bundled servers in evaluation and training, `UNATTENDED`) and runs nobody can answer. `"measured"`: as
