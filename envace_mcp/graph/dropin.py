@@ -19,15 +19,18 @@ from dataclasses import replace
 from typing import Any
 
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
 from envace_mcp._sync import run_sync
 from envace_mcp.graph import calls
 from envace_mcp.graph.acting import Acted, Respond, act_async, act_sync, send_answers
+from envace_mcp.graph.approval import ApprovalRequest, InputRequest
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.gate import Decision, GateConfig, Mode, RunLimits, gate_for
 from envace_mcp.graph.nodes._common import emit
 from envace_mcp.graph.nodes._stalls import mark_repeats
+from envace_mcp.graph.turn_order import CURRENT, Turn
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.types import ToolCall, context_sampling
 from envace_mcp.toolbox import ToolSpec
@@ -41,7 +44,7 @@ class ToolCallRehearsal:
 
     def __init__(self, policy: Policy, *, gate: GateConfig | None = None, limits: RunLimits | None = None,
                  mode: Mode = "real", tools: list[Any] | None = None,
-                 approve: Callable[[calls.ApprovalRequest], Any] | None = None,
+                 approve: Callable[[ApprovalRequest | InputRequest], Any] | None = None,
                  record_key: str | None = None, messages_key: str = "messages", pauses: bool = True,
                  trust_annotations: bool = True) -> None:
         self.policy = policy
@@ -86,10 +89,10 @@ class ToolCallRehearsal:
         value = state.get(self.record_key) if isinstance(state, Mapping) else getattr(state, self.record_key, None)
         return list(value or [])
 
-    def _spec(self, request: Any) -> ToolSpec | None:
+    def _spec(self, request: ToolCallRequest) -> ToolSpec | None:
         return self._spec_named(request.tool_call["name"], request)
 
-    def _spec_named(self, name: str, request: Any) -> ToolSpec | None:
+    def _spec_named(self, name: str, request: ToolCallRequest) -> ToolSpec | None:
         """The catalog entry a call to `name` is gated by: the one of the tool that will run it (an MCP
         tool refuses the call if its server's listing has changed since, so gate and route agree), a
         `ToolSpec` the caller declared, or, for a tool only known from `tools`, that snapshot."""
@@ -130,7 +133,7 @@ class ToolCallRehearsal:
             return None
         return self.limits.max_rehearsals - sum(r.get("prediction") is not None for r in self._records(state))
 
-    async def _decided(self, request: Any) -> Proposal:
+    async def _decided(self, request: ToolCallRequest) -> Proposal:
         """The call with its prediction (rehearsed in `rehearse_turn`, or now) and the gate's decision."""
         raw = request.tool_call
         call = ToolCall(id=raw.get("id") or "", name=raw["name"], arguments=raw["args"])
@@ -176,45 +179,72 @@ class ToolCallRehearsal:
 
     # ------------------------------------------------------------------ the hooks
 
-    async def awrap(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
-        p = await self._decided(request)
-        with named_step("act", call=p.call, decision=p.decision) as step:
-            acted = await act_async(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
-                                    regate=lambda call: self._regate(request, call), sent=lambda call: _sent(request, call),
-                                    respond=lambda step: self._respond(request, step))
-            step.done(ran=acted.ran, record=acted.record)
+    async def awrap(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Any]],
+                    ) -> ToolMessage | Command:
+        turn, where = _in_turn(request)
+        try:
+            p = _placed(await self._decided(request), where)
+            if where is not None and _asks(p):
+                await turn.wait(where[0])  # type: ignore[union-attr]
+            with named_step("act", call=p.call, decision=p.decision) as step:
+                acted = await act_async(p, ask=self._asker(turn, where),
+                                        run=lambda call, spec: handler(self._running(request, call)),
+                                        regate=lambda call: self._regate(request, call),
+                                        sent=lambda call: _sent(request, call),
+                                        respond=lambda step: self._respond(request, step))
+                step.done(ran=acted.ran, record=acted.record)
+        finally:
+            _pass(turn, where)
         return self._done(acted)
 
-    def wrap(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
-        p = run_sync(self._decided(request))  # the policy is async; a sync agent still gets its rehearsal
-        with named_step("act", call=p.call, decision=p.decision) as step:
-            acted = act_sync(p, ask=self._ask, run=lambda call, spec: handler(self._running(request, call)),
-                             regate=lambda call: self._regate(request, call), sent=lambda call: _sent(request, call),
-                             respond=lambda step: self._respond(request, step))
-            step.done(ran=acted.ran, record=acted.record)
+    def wrap(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> ToolMessage | Command:
+        turn, where = _in_turn(request)
+        try:
+            p = _placed(run_sync(self._decided(request)), where)  # the policy is async; a sync agent still rehearses
+            if where is not None and _asks(p):
+                turn.wait_sync(where[0])  # type: ignore[union-attr]
+            with named_step("act", call=p.call, decision=p.decision) as step:
+                acted = act_sync(p, ask=self._asker(turn, where),
+                                 run=lambda call, spec: handler(self._running(request, call)),
+                                 regate=lambda call: self._regate(request, call), sent=lambda call: _sent(request, call),
+                                 respond=lambda step: self._respond(request, step))
+                step.done(ran=acted.ran, record=acted.record)
+        finally:
+            _pass(turn, where)
         return self._done(acted)
 
-    def _ask(self, request: Any) -> Any:
+    def _asker(self, turn: Turn | None, where: tuple[int, int] | None,
+               ) -> Callable[[ApprovalRequest | InputRequest], Any]:
+        """`_ask`, letting the turn's next call ask once this call's approval is answered (its tool may
+        still be running: the next question need not wait for it)."""
+        def ask(request: ApprovalRequest | InputRequest) -> Any:
+            answer = self._ask(request)
+            if request["type"] == "tool_approval":
+                _pass(turn, where)
+            return answer
+        return ask
+
+    def _ask(self, request: ApprovalRequest | InputRequest) -> Any:
         if self.approve is not None:
             return self.approve(request)
         if request["type"] == "tool_input" and not self.pauses:
             return {"type": "reject", "message": "nobody to ask: this tool node has no approve=, and cannot pause"}
         return interrupt(request)
 
-    async def _respond(self, request: Any, step: Respond) -> Any:
+    async def _respond(self, request: ToolCallRequest, step: Respond) -> Any:
         """Send the answers to the server the call went to (an MCP tool's scope, with the call's trace)."""
         scope = getattr(self._tool(request, step.call.name), "scope", None)
         return await send_answers(scope, step, self.limits.max_input_rounds)
 
-    def _tool(self, request: Any, name: str) -> Any:
+    def _tool(self, request: ToolCallRequest, name: str) -> Any:
         return request.tool if name == request.tool_call["name"] else self.tools.get(name)
 
-    def _regate(self, request: Any, edited: ToolCall) -> Proposal:
+    def _regate(self, request: ToolCallRequest, edited: ToolCall) -> Proposal:
         """A reviewer's edit, validated and gated as the EnvACE graph's act node does it."""
         spec = self._spec_named(edited.name, request)
         return calls.gate([Proposal(edited, spec)], mode=self.mode, config=self.gate)[0]
 
-    def _running(self, request: Any, call: ToolCall) -> Any:
+    def _running(self, request: ToolCallRequest, call: ToolCall) -> ToolCallRequest:
         """The handler's request for `call`: the proposed one, or a reviewer's edit (to its own tool); an MCP
         tool's call carries the run's `traceparent`."""
         tool = self._tool(request, call.name)
@@ -234,6 +264,28 @@ class ToolCallRehearsal:
         return Command(update={self.messages_key: [reply], self.record_key: [acted.record]})
 
 
-def _sent(request: Any, call: ToolCall) -> Any:
+def _in_turn(request: ToolCallRequest) -> tuple[Turn | None, tuple[int, int] | None]:
+    """The turn a tool node runs this call in (`turn_order`), and the call's (index, count) in it; None, None
+    outside a tool node (the middleware, whose calls LangGraph runs as tasks of their own)."""
+    turn = CURRENT.get()
+    where = turn.position(request.tool_call.get("id") or "") if turn is not None else None
+    return (turn, where) if where is not None else (None, None)
+
+
+def _placed(p: Proposal, where: tuple[int, int] | None) -> Proposal:
+    """`p` saying which call of its turn it is, where the turn has more than one (`approval_request`)."""
+    return replace(p, position=where) if where is not None and where[1] > 1 else p
+
+
+def _asks(p: Proposal) -> bool:
+    return p.decision is not None and p.decision.action == "ask" and not p.tool_changed
+
+
+def _pass(turn: Turn | None, where: tuple[int, int] | None) -> None:
+    if turn is not None and where is not None:
+        turn.passed(where[0])
+
+
+def _sent(request: ToolCallRequest, call: ToolCall) -> Any:
     """The arguments the tool will send for `call`: an MCP tool's scope adds its bound ones."""
     return calls.arguments_sent(getattr(request.tool, "scope", None), call)

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 from typing_extensions import NotRequired
 
@@ -53,10 +54,12 @@ from envace_mcp.graph.nodes._stalls import stall
 from envace_mcp.graph.state import RehearsalRecord, upsert_records
 from envace_mcp.policy.base import Policy
 from envace_mcp.policy.prompts import MEMORY_HEADER
+from envace_mcp.policy.roles import with_world_model
 from envace_mcp.policy.types import ToolCall
 
 try:
-    from langchain.agents.middleware import AgentMiddleware, AgentState, hook_config
+    from langchain.agents.middleware import (AgentMiddleware, AgentState, ModelRequest, ModelResponse, ToolCallRequest,
+                                             hook_config)
 except ImportError as exc:  # pragma: no cover - depends on the optional extra
     raise UserError("RehearsalMiddleware needs `langchain` (pip install 'envace-mcp[langchain]')") from exc
 
@@ -76,7 +79,8 @@ class RehearsalMiddleware(AgentMiddleware):
 
     def __init__(self, policy: Policy, *, tools: list[Any] | None = None, gate: GateConfig | None = None,
                  limits: RunLimits | None = None, mode: Mode = "real",
-                 approve: Callable[[calls.ApprovalRequest], Any] | None = None, memory: bool = True,
+                 approve: Callable[[calls.ApprovalRequest | calls.InputRequest], Any] | None = None,
+                 memory: bool = True,
                  world_model: Any = None, trust_annotations: bool = True) -> None:
         """`world_model`: who rehearses, when not `policy` itself: the folder of a world model fitted to your
         tools (`envace world-model fit`; loaded on `policy`'s base model, its trust table read by the gate)
@@ -85,8 +89,6 @@ class RehearsalMiddleware(AgentMiddleware):
         every call to it waits for approval."""
         super().__init__()
         if world_model is not None:
-            from envace_mcp.policy.roles import with_world_model
-
             policy = with_world_model(policy, world_model)
         self.core = ToolCallRehearsal(policy, gate=gate, limits=limits, mode=mode, tools=tools, approve=approve,
                                       record_key="rehearsals", trust_annotations=trust_annotations)
@@ -95,48 +97,50 @@ class RehearsalMiddleware(AgentMiddleware):
         """Show the agent's model the rehearsal memory (as the EnvACE graph's act prompt does): a last
         message on each model call, never stored in the conversation."""
 
-    def _with_memory(self, request: Any) -> Any:
+    def _with_memory(self, request: ModelRequest) -> ModelRequest:
         state = request.state if isinstance(request.state, dict) else {}
         text = render_memory(state.get("rehearsals") or []) if self.memory else None
         if not text:
             return request
         return request.override(messages=[*request.messages, HumanMessage(content=MEMORY_HEADER + text.strip())])
 
-    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
         return handler(self._with_memory(request))
 
-    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def awrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]],
+                               ) -> ModelResponse:
         return await handler(self._with_memory(request))
 
     @hook_config(can_jump_to=["end"])
-    def before_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+    def before_model(self, state: Any, runtime: Runtime) -> dict[str, Any] | None:
         return _stop_if_stalled(state)
 
     @hook_config(can_jump_to=["end"])
-    async def abefore_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+    async def abefore_model(self, state: Any, runtime: Runtime) -> dict[str, Any] | None:
         return _stop_if_stalled(state)
 
-    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+    async def aafter_model(self, state: Any, runtime: Runtime) -> dict[str, Any] | None:
         state, update = _unique_ids(state)
         if self.prerehearse:
             records = await self.core.rehearse_turn(state, runtime)
             update.update({"rehearsals": records} if records else {})
         return update or None
 
-    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+    def after_model(self, state: Any, runtime: Runtime) -> dict[str, Any] | None:
         state, update = _unique_ids(state)
         if self.prerehearse:
             records = run_sync(self.core.rehearse_turn(state, runtime))
             update.update({"rehearsals": records} if records else {})
         return update or None
 
-    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> ToolMessage | Command:
+    async def awrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Any]],
+                              ) -> ToolMessage | Command:
         return await self.core.awrap(request, handler)
 
-    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> ToolMessage | Command:
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]) -> ToolMessage | Command:
         return self.core.wrap(request, handler)
 
-    def describe(self, tool_call: dict[str, Any], state: Any, runtime: Any = None) -> str:
+    def describe(self, tool_call: dict[str, Any], state: Any, runtime: Runtime | None = None) -> str:
         """A `HumanInTheLoopMiddleware` description (`InterruptOnConfig["description"]`): the call and
         its rehearsed outcome, from this turn's rehearsal."""
         record = next((r for r in (state.get("rehearsals") or []) if r.get("call_id") == tool_call["id"]), {})

@@ -169,7 +169,9 @@ class ToolSpec:
 
     def same_tool(self, other: ToolSpec) -> bool:
         """Whether `other` is this tool as far as running it goes: same server, same remote tool, same
-        annotations and schemas (the catalog name and the description may differ)."""
+        annotations and schemas (the catalog name and the description may differ). The one identity of a
+        tool (`behaviour`): the toolbox runs a call only on the tool it was judged as, the graph's gate binds
+        its decision to it (`graph.proposal.spec_digest`), and trust tables and rules files bind to it."""
         return self.behaviour == other.behaviour
 
     @functools.cached_property
