@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from langchain_core.tools import BaseTool
+
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
+from envace_mcp.toolbox.langchain import to_langchain_tools
 from envace_mcp.toolbox.result import ToolResult
 
 
@@ -113,10 +116,8 @@ class ToolboxScope:
     async def read_resource(self, server: str, uri: str) -> str:
         return await self.toolbox.read_resource(server, uri, meta=self.meta or None)
 
-    def langchain_tools(self) -> list[Any]:
+    def langchain_tools(self) -> list[BaseTool]:
         """This scope's catalog as LangChain tools (sync and async), for any existing agent."""
-        from envace_mcp.toolbox.langchain import to_langchain_tools
-
         return to_langchain_tools(self)
 
 
