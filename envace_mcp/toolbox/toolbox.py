@@ -27,6 +27,7 @@ from envace_mcp.toolbox import _calling, asking
 from envace_mcp.toolbox._assembly import CatalogAssembly
 from envace_mcp.toolbox._calling import check_timeout
 from envace_mcp.toolbox._connection import Connection, ServerStartError
+from envace_mcp.toolbox.backend import ToolBackend
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
 from envace_mcp.toolbox.config import ServerSpec, load_servers
 from envace_mcp.toolbox.langchain import to_langchain_tools
@@ -46,7 +47,7 @@ dying while a call is routed fails the call instead of looping."""
 _T = TypeVar("_T")
 
 
-class Toolbox:
+class Toolbox(ToolBackend):
     """Persistent sessions to every configured MCP server, one catalog, results as data.
 
     Args:
@@ -190,7 +191,7 @@ class Toolbox:
     async def call(
         self,
         name: str,
-        arguments: Any = None,
+        arguments: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
         meta: Mapping[str, Any] | None = None,
@@ -223,7 +224,7 @@ class Toolbox:
     def call_sync(
         self,
         name: str,
-        arguments: Any = None,
+        arguments: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
         meta: Mapping[str, Any] | None = None,
