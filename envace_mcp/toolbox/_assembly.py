@@ -54,9 +54,10 @@ class CatalogAssembly:
                 self.refresh(server)
 
     def _rebuild(self) -> list[str]:
-        """Name every server's tools and keep what fits the catalog's bounds; returns what was left out."""
-        kept, self.left_out, problems = bound_catalog(
-            name_tools({n: c.tools for n, c in self.connections.items()}).values())
+        """Name every server's tools and keep what fits the catalog's bounds; returns what was left out (names
+        another tool holds, tools past the bounds)."""
+        named, clashes = name_tools({n: c.tools for n, c in self.connections.items()})
+        kept, self.left_out, bounds = bound_catalog(named.values())
         self.catalog = ToolCatalog(kept)
         self._built_from = {n: c.generation for n, c in self.connections.items()}
-        return problems
+        return clashes + bounds

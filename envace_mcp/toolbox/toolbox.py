@@ -172,9 +172,10 @@ class Toolbox(ToolBackend):
     @property
     def problems(self) -> list[str]:
         """What went wrong while opening, without stopping it: servers that did not start (left out),
-        tools listed twice or without a name (left out), tools whose input schema is unsafe (their
-        calls are refused), what the catalog's bounds cut or left out (`catalog.MAX_*`), names in a
-        server's `read_only_tools` that it does not offer. Each is also logged as a warning; a restart
+        tools listed twice or without a name (left out), tools whose catalog name another server's tool
+        holds (left out: `catalog.name_tools`), tools whose input schema is unsafe (their calls are
+        refused), what the catalog's bounds cut or left out (`catalog.MAX_*`), names in a server's
+        `read_only_tools` that it does not offer. Each is also logged as a warning; a restart
         that lists new problems adds them."""
         return list(self._assembly.problems)
 
