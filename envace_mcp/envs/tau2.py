@@ -33,7 +33,7 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -48,7 +48,8 @@ from envace_mcp.envs.launch import module_args
 from envace_mcp.envs.suites import find_task, split_tasks
 from envace_mcp.envs.task import Action, Check, CheckResult, Requirement, Task
 from envace_mcp.errors import UserError
-from envace_mcp.toolbox import ToolboxScope, ToolCatalog, ToolResult, ToolSpec
+from envace_mcp.toolbox import ToolBackend, ToolboxScope, ToolCatalog, ToolResult, ToolSpec
+from envace_mcp.toolbox.asking import Asker
 
 STATE_KEY = "state_key"
 CONTROL_TOOLS = ("reset_state", "get_call_log")
@@ -214,7 +215,7 @@ class Tau2Episode:
         return [(c["tau2_tool_call"]["name"], c["tau2_tool_call"]["arguments"]) for c in log["calls"]]
 
 
-class Tau2View:
+class Tau2View(ToolBackend):
     """The agent's view of a τ² server: the τ² tool message as the result, errors flagged."""
 
     def __init__(self, scope: ToolboxScope) -> None:
@@ -224,9 +225,11 @@ class Tau2View:
     def catalog(self) -> ToolCatalog:
         return self.inner.catalog
 
-    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None,
-                   expect: ToolSpec | None = None) -> ToolResult:
-        return tool_message_view(await self.inner.call(name, arguments, timeout=timeout, expect=expect))
+    async def call(self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None,
+                   expect: ToolSpec | None = None, ask: Asker | None = None,
+                   meta: Mapping[str, Any] | None = None) -> ToolResult:
+        return tool_message_view(await self.inner.call(name, arguments, timeout=timeout, expect=expect, ask=ask,
+                                                       meta=meta))
 
     def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None,
                   expect: ToolSpec | None = None) -> ToolResult:

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envace_mcp.errors import UserError
 from envace_mcp.toolbox.validation import ArgumentValidator, SchemaValidator
 
 # What one server's listing may add to every act and rehearse prompt. Tool replies are clipped
@@ -277,23 +276,33 @@ def bound_catalog(specs: Iterable[ToolSpec]) -> tuple[list[ToolSpec], dict[str, 
     return kept, left_out, problems
 
 
-def name_tools(per_server: dict[str, list[ToolSpec]]) -> dict[str, ToolSpec]:
-    """Give every tool its catalog name: prefix with the server's name only where names collide."""
+def name_tools(per_server: dict[str, list[ToolSpec]]) -> tuple[dict[str, ToolSpec], list[str]]:
+    """Give every tool its catalog name: prefix with the server's name only where names collide. A tool
+    whose name is already another tool's (a server listing `bank_transfer` beside `bank`'s prefixed
+    `transfer`, or two prefixed names alike) is left out, with one problem line each: a prefixed name
+    keeps its tool, since it follows from the config, then the earlier server in config order. What one
+    listing gets wrong costs that listing's tools, never the catalog."""
     owners: dict[str, list[str]] = {}
     for server, specs in per_server.items():
         for spec in specs:
             owners.setdefault(spec.remote_name, []).append(server)
+    wanted = [(spec.remote_name if len(owners[spec.remote_name]) == 1 else f"{server}_{spec.remote_name}", spec)
+              for server, specs in per_server.items() for spec in specs]
+    holders: dict[str, ToolSpec] = {}
+    for name, spec in sorted(wanted, key=lambda w: w[0] == w[1].remote_name):  # stable: prefixed names first
+        if name not in holders:
+            holders[name] = spec
     named: dict[str, ToolSpec] = {}
-    for server, specs in per_server.items():
-        for spec in specs:
-            name = spec.remote_name if len(owners[spec.remote_name]) == 1 else f"{server}_{spec.remote_name}"
-            if name in named:
-                raise UserError(
-                    f"tool name {name!r} is ambiguous across servers {named[name].server!r} and {server!r}; "
-                    "rename one of the servers in the config"
-                )
+    problems: list[str] = []
+    for name, spec in wanted:  # config and listing order
+        holder = holders[name]
+        if holder is spec:
             named[name] = spec.renamed(name)
-    return named
+        else:
+            problems.append(f"server {spec.server!r}: its tool {spec.remote_name!r} would be named {name!r}, the name of "
+                            f"server {holder.server!r}'s {holder.remote_name!r}; it is left out (rename one of the "
+                            "servers in the config to keep both)")
+    return named, problems
 
 
 class ToolCatalog:

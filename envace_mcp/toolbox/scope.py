@@ -4,16 +4,24 @@ hidden from the model, tools hidden altogether."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from langchain_core.tools import BaseTool
+
+from envace_mcp.toolbox.asking import Asker
+from envace_mcp.toolbox.backend import ToolBackend
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
+from envace_mcp.toolbox.langchain import to_langchain_tools
 from envace_mcp.toolbox.result import ToolResult
 
+if TYPE_CHECKING:  # the toolbox module builds scopes: a runtime import would be a cycle
+    from envace_mcp.toolbox.toolbox import Toolbox
 
-class ToolboxScope:
+
+class ToolboxScope(ToolBackend):
     """A toolbox view that adds fixed `_meta` and bound arguments to every call, and hides tools."""
 
-    def __init__(self, toolbox: Any, meta: dict[str, Any], *, bind: dict[str, Any] | None = None,
+    def __init__(self, toolbox: Toolbox, meta: dict[str, Any], *, bind: dict[str, Any] | None = None,
                  hide: frozenset[str] = frozenset()) -> None:
         self.toolbox = toolbox
         self.meta = meta
@@ -69,29 +77,31 @@ class ToolboxScope:
         bound = self._bound(spec)
         return spec.without_parameters(bound) if bound else spec
 
-    async def call(self, name: str, arguments: Any = None, *, timeout: float | None = None,
-                   expect: ToolSpec | None = None, ask: Any = None) -> ToolResult:
+    async def call(self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None,
+                   expect: ToolSpec | None = None, ask: Asker | None = None,
+                   meta: Mapping[str, Any] | None = None) -> ToolResult:
         """The toolbox's `call` with this view's meta and bound arguments (`expect`: an entry of this
-        view's catalog; `ask`: answers a 2025-era server's mid-call questions; see `Toolbox.call`)."""
+        view's catalog; `ask`: answers a 2025-era server's mid-call questions; `meta`: added to this
+        view's, which wins: a call cannot leave its episode; see `Toolbox.call`)."""
         arguments, refused = self._arguments(name, {} if arguments is None else arguments)
         if refused is None:
             expect, refused = self._expected(name, arguments, expect)
         if refused is not None:
             return refused
-        checked = {"expect": expect} if expect is not None else {}  # a toolbox of its own may not take it
-        if ask is not None:
-            checked["ask"] = ask
-        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self.meta or None, **checked)
+        return await self.toolbox.call(name, arguments, timeout=timeout, meta=self._meta(meta), expect=expect,
+                                       ask=ask)
 
-    def call_sync(self, name: str, arguments: Any = None, *, timeout: float | None = None,
-                  expect: ToolSpec | None = None) -> ToolResult:
+    def call_sync(self, name: str, arguments: Mapping[str, Any] | None = None, *, timeout: float | None = None,
+                  expect: ToolSpec | None = None, meta: Mapping[str, Any] | None = None) -> ToolResult:
         arguments, refused = self._arguments(name, {} if arguments is None else arguments)
         if refused is None:
             expect, refused = self._expected(name, arguments, expect)
         if refused is not None:
             return refused
-        checked = {"expect": expect} if expect is not None else {}
-        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self.meta or None, **checked)
+        return self.toolbox.call_sync(name, arguments, timeout=timeout, meta=self._meta(meta), expect=expect)
+
+    def _meta(self, meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        return {**(meta or {}), **self.meta} or None
 
     async def respond(self, waiting: ToolResult, answers: Mapping[str, Any], *, timeout: float | None = None,
                       expect: ToolSpec | None = None, max_rounds: int | None = None) -> ToolResult:
@@ -113,10 +123,8 @@ class ToolboxScope:
     async def read_resource(self, server: str, uri: str) -> str:
         return await self.toolbox.read_resource(server, uri, meta=self.meta or None)
 
-    def langchain_tools(self) -> list[Any]:
+    def langchain_tools(self) -> list[BaseTool]:
         """This scope's catalog as LangChain tools (sync and async), for any existing agent."""
-        from envace_mcp.toolbox.langchain import to_langchain_tools
-
         return to_langchain_tools(self)
 
 

@@ -56,9 +56,12 @@ def field_path(error: ValidationError) -> str:
             parts.append(("." if parts else "") + str(part))
     path = "".join(parts)
     if error.validator == "required" and isinstance(error.instance, Mapping):
+        # one error per missing name, each holding the whole `required` list: the message says which
         missing = [name for name in error.validator_value if name not in error.instance]
-        if missing:
-            path = f"{path}.{missing[0]}" if path else str(missing[0])
+        named = next((name for name in missing if error.message == f"{name!r} is a required property"),
+                     missing[0] if missing else None)
+        if named is not None:
+            path = f"{path}.{named}" if path else str(named)
     elif error.validator == "additionalProperties" and isinstance(error.instance, Mapping):
         allowed = set((error.schema.get("properties") or {}).keys())
         extra = [name for name in error.instance if name not in allowed]

@@ -272,7 +272,7 @@ def test_unique_items_counts_equality_as_json_schema_does():
 def test_what_a_server_says_is_escaped_before_it_is_logged_or_quoted():
     """Warnings (a failed re-list, a server that lied) go through Python's logging, which prints as it
     gets: a server's message reaches them through `_describe`, escaped."""
-    from envace_mcp.toolbox._connection import _describe
+    from envace_mcp.toolbox._transport import describe as _describe
 
     text = _describe(RuntimeError("listing failed\x1b[2J\x1b]0;pwned\x07\u202e\nsecond line"))
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text

@@ -4,6 +4,7 @@ import threading
 
 import anyio
 import pytest
+from mcp.server.mcpserver import MCPServer
 
 from envace_mcp.errors import UserError
 from envace_mcp.servers import bank
@@ -149,3 +150,26 @@ async def test_calls_from_another_event_loop_are_carried_to_the_toolbox_loop():
     with blocking_toolbox({"probe": build()}) as toolbox:
         result = await toolbox.call("echo", {"text": "cross-loop"})
     assert result.structured_content["text"] == "cross-loop"
+
+
+async def test_a_call_missing_several_required_arguments_names_each_one():
+    server = MCPServer("calendar", log_level="WARNING")
+    booked = []
+
+    @server.tool()
+    def book_meeting(start: str, end: str, title: str, organizer: str) -> str:
+        """Book a meeting."""
+        booked.append(title)
+        return "booked"
+
+    async with Toolbox({"calendar": server}) as toolbox:
+        result = await toolbox.call("book_meeting", {"start": "2026-12-07T09:00"})
+    assert result.error_kind == "invalid_arguments" and booked == []
+    errors = result.structured_content["errors"]
+    assert {e["field"]: e["message"] for e in errors} == {
+        "end": "'end' is a required property",
+        "title": "'title' is a required property",
+        "organizer": "'organizer' is a required property",
+    }
+    assert result.structured_content["field"] in {"end", "title", "organizer"}
+    assert f"field '{result.structured_content['field']}'" in result.text

@@ -57,3 +57,17 @@ def test_a_call_checked_again_gets_the_same_answer_and_its_own_copy():
     assert again and again[0]["field"] == "amount" and again[0]["message"] != "tampered"
     assert validator.errors({"amount": 3}) == [] and validator.errors({}) != []
     assert validator.errors({"amount": float("nan")}) == validator.errors({"amount": float("nan")})
+
+
+def test_each_missing_required_property_is_named_as_itself():
+    validator = ArgumentValidator({"type": "object", "required": ["start", "end", "title", "organizer"],
+                                   "properties": {n: {"type": "string"} for n in ("start", "end", "title", "organizer")}})
+    errors = validator.errors({"start": "09:00"})
+    assert sorted((e["field"], e["message"]) for e in errors) == [
+        ("end", "'end' is a required property"),
+        ("organizer", "'organizer' is a required property"),
+        ("title", "'title' is a required property"),
+    ]
+    nested = ArgumentValidator({"type": "object", "properties": {"lines": {"type": "array", "items": {
+        "type": "object", "required": ["sku", "qty"]}}}}).errors({"lines": [{}]})
+    assert sorted(e["field"] for e in nested) == ["lines[0].qty", "lines[0].sku"]

@@ -23,7 +23,9 @@ from envace_mcp.graph.acting import Respond, Run, act_async, ask_answers, send_a
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import ToolCall
-from envace_mcp.toolbox import ToolResult, ToolSpec
+from envace_mcp.errors import UserError
+from envace_mcp.toolbox import ToolBackend, ToolResult, ToolSpec
+from envace_mcp.toolbox.asking import Asker
 
 
 class ActInput(TypedDict):
@@ -82,11 +84,10 @@ async def ask(ctx: EnvaceContext, request: Any) -> Any:
     return await answer if inspect.isawaitable(answer) else answer
 
 
-async def call_tool(backend: Any, call: ToolCall, spec: ToolSpec | None, ask: Any = None) -> ToolResult:
+async def call_tool(backend: ToolBackend, call: ToolCall, spec: ToolSpec | None, ask: Asker | None = None) -> ToolResult:
     """Run `call` on the backend, routed only to the catalog entry the gate judged (`expect`), with the
-    run's `traceparent` in `_meta`, and `ask` answering a 2025-era server's mid-call questions: a backend
-    that takes neither (one of your own) is called as before."""
-    backend = calls.traced(backend, call.id)
-    takes = inspect.signature(backend.call).parameters
-    extra = {**({"expect": spec} if "expect" in takes else {}), **({"ask": ask} if ask and "ask" in takes else {})}
-    return await backend.call(call.name, call.arguments, **extra)
+    run's `traceparent` in `_meta`, and `ask` answering a 2025-era server's mid-call questions."""
+    if not isinstance(backend, ToolBackend):
+        raise UserError(f"the context's toolbox is a {type(backend).__name__}, not a ToolBackend: subclass "
+                        "envace_mcp.toolbox.ToolBackend (its `call` takes timeout, expect, ask and meta)")
+    return await calls.traced(backend, call.id).call(call.name, call.arguments, expect=spec, ask=ask)
