@@ -197,14 +197,6 @@ class ToolSpec:
                                input_schema=schema, output_schema=self.output_schema,
                                annotations=self.annotations, name=self.name)
 
-    @functools.cached_property
-    def digest(self) -> str:
-        """The entry's identity as a gate judges it (server, names, description, schemas, annotations): a
-        call runs only while the live catalog's entry has the digest the gate saw. Computed once per entry
-        (entries are never changed in place; a changed tool is a new entry)."""
-        text = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (what `envace servers ls --json` prints and prompts render)."""
         return {
