@@ -71,7 +71,10 @@ def test_the_split_is_by_run_seeded_and_keeps_a_replayed_call_with_the_run_it_ca
     train, held = split_episodes(calls, 0.25, seed=3)
     assert (train, held) == split_episodes(calls, 0.25, seed=3) and (train, held) != split_episodes(calls, 0.25, seed=4)
     assert not set(train) & set(held) and len(held) == 3 and "variant" not in train + held
-    assert {c.episode for c in calls if c.request.call.id} >= {runs[0].run_id}
+    assert sorted(train + held) == sorted(r.run_id for r in runs)  # each recorded run one episode, no other
+    own, _ = observed_calls(runs)
+    first = sum(c.episode == runs[0].run_id for c in own)
+    assert first and [c.episode for c in calls[len(own):]] == [runs[0].run_id] * first  # the replay's are its origin's
 
 
 def test_caps_take_whole_runs_and_the_split_lists_the_runs_it_measured(bank_calls):
