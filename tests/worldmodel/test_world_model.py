@@ -314,7 +314,9 @@ async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage
 
+    from envace_mcp.graph.gate import decide
     from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.policy import Prediction, ToolCall
     from envace_mcp.policy.transformers import TransformersPolicy
     from envace_mcp.toolbox import Toolbox
 
@@ -344,10 +346,19 @@ async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_
     record = out["rehearsals"][0]
     assert record["prediction"] is not None and len(asked) == 1 and record["approved"] is False
     assert "approval required" in record["reason"] and f"world model {folder}" in middleware.core.policy.name
-    # whatever it predicts is shown, not acted on, and the reason says which way the table decided
-    status, measured = record["prediction"]["status"], "transfer" in trust
-    said = ("approval required for destructive tool 'transfer'" if status == "result" else
-            "was not measured on 'transfer' (trust table)" if not measured else
-            "so it predicts nothing" if status == "invalid" else  # measured: fails closed only under on_unusable=block
-            "not measured reliable on 'transfer' (trust table)")
-    assert said in record["reason"]
+    # The table, not the tiny model's luck, decides: the gate the middleware loaded, given a predicted failure
+    # of `transfer` (which the tiny model may or may not predict above), shows it and asks, where the same
+    # gate without a table stops the call.
+    gate = middleware.core.gate
+    proposed = ToolCall(id="c1", name="transfer", arguments=call["args"])
+    fails = Prediction(tool="transfer", status="tool_error", code="INSUFFICIENT_FUNDS", message="not enough money")
+    shown = decide(proposed, middleware.core.specs["transfer"], fails, mode="real", config=gate)
+    assert shown.action == "ask" and "'transfer' (trust table), so its prediction (INSUFFICIENT_FUNDS) is shown, " \
+        "not acted on" in shown.reason
+    untrusted = decide(proposed, middleware.core.specs["transfer"], fails, mode="real",
+                       config=gate.model_copy(update={"trust": None}))
+    assert untrusted.action == "block"
+    # and the run above went through that gate: its recorded reason is the one it gives for what was predicted
+    predicted = Prediction.model_validate(record["prediction"])
+    assert record["reason"] == decide(proposed, middleware.core.specs["transfer"], predicted, mode="real",
+                                      config=gate).reason
