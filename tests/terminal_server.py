@@ -1,5 +1,5 @@
 """A small payments server whose read-only tool answers with text written to fool a terminal, for the
-tests that drive `envace run` on a real pty (tests/test_terminal_pty.py).
+tests that drive `envace run` on a real pty (tests/cli/test_terminal_pty.py).
 
     python tests/terminal_server.py      # stdio; TERMINAL_LOG: a file each transfer is appended to
 

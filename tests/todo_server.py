@@ -1,5 +1,5 @@
 """A to-do server of a user's own, for the tests of runs that cannot progress (tests/graph/test_stalled_runs.py)
-and of `envace policy try --servers` (tests/test_policy_try.py).
+and of `envace policy try --servers` (tests/cli/test_policy_try.py).
 
     python tests/todo_server.py      # stdio; TODO_STATE: a JSON file holding the to-dos across processes
 

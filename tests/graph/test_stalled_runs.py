@@ -168,7 +168,7 @@ async def test_the_rehearsing_tool_node_tells_the_agent_and_a_router_can_end_the
     assert tools.stalled(out) == STOPPED and len(policy.calls) == 3
 
 
-# `envace run` as a user runs it, its model scripted (as tests/test_terminal_pty.py drives it)
+# `envace run` as a user runs it, its model scripted (as tests/cli/test_terminal_pty.py drives it)
 DRIVER = """
 import json, os, sys
 import envace_mcp.policy

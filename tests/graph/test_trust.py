@@ -56,9 +56,11 @@ def test_a_predicted_success_skips_approval_only_where_the_caller_asks_for_measu
     assert decide(CALL, DELETE, FINE, mode="real", config=gate(table, require_approval="destructive")).action == "ask"
     measured = decide(CALL, DELETE, FINE, mode="real", config=gate(table, require_approval="measured"))
     assert measured.action == "execute" and "measured reliable" in measured.reason
-    for prediction in (FAILS, GARBLED, None):  # nothing vouched for: asked (or blocked)
-        assert decide(CALL, DELETE, prediction, mode="real",
-                      config=gate(table, require_approval="measured")).action in ("ask", "block")
+    asks = gate(table, require_approval="measured")
+    # nothing vouched for: a believed failure blocks, an unreadable rehearsal or none at all is asked
+    assert decide(CALL, DELETE, FAILS, mode="real", config=asks).action == "block"
+    for prediction in (GARBLED, None):
+        assert decide(CALL, DELETE, prediction, mode="real", config=asks).action == "ask"
     unearned = {"delete_todo": ToolTrust(believe_failures=True)}
     assert decide(CALL, DELETE, FINE, mode="real", config=gate(unearned, require_approval="measured")).action == "ask"
 

@@ -3,6 +3,7 @@ import json
 import pytest
 
 from envace_mcp.errors import ConfigError
+from envace_mcp.toolbox import Toolbox
 from envace_mcp.toolbox.config import HttpServer, InProcessServer, StdioServer, load_servers
 from probe_server import build
 
@@ -32,8 +33,15 @@ def test_a_config_file_is_read_from_disk(tmp_path):
     assert load_servers(path)["s"].command == "srv"
 
 
-def test_in_process_server_objects_stand_in_for_entries():
-    assert isinstance(load_servers({"probe": build()})["probe"], InProcessServer)
+@pytest.mark.anyio
+async def test_an_in_process_server_object_stands_in_for_an_entry_and_is_the_server_called():
+    probe = build()
+    servers = load_servers({"probe": probe})
+    assert servers["probe"] == InProcessServer(server=probe) and servers["probe"].server is probe
+    async with Toolbox(servers) as toolbox:  # the spec the config became, not the object handed in
+        result = await toolbox.call("echo", {"text": "hi"})
+    assert result.structured_content == {"text": "hi", "count": 1}
+    assert probe.calls == [{"tool": "echo", "arguments": {"text": "hi", "count": 1}}]
 
 
 @pytest.mark.parametrize(

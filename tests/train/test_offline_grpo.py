@@ -258,7 +258,7 @@ def test_beta_adds_the_k3_kl_to_a_reference_without_the_adapter_and_logs_it(tiny
         for name, p in t.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)
-    [group] = t._next_groups()
+    [group] = t.source.next(t.order, t.config, t.step)  # the groups train_step would take
     from envace_mcp.train.trainer import step_advantages
 
     advantages = step_advantages([group], t.config)  # [S]
@@ -287,7 +287,7 @@ def test_a_full_fine_tune_with_beta_keeps_a_frozen_reference_prepared_like_the_m
     assert t.reference is not None and t.reference is not t.model
     assert _takes_packed_rows(t.reference) == _takes_packed_rows(t.model)
     before = {n: p.detach().clone() for n, p in t.reference.named_parameters()}
-    record = t.update(t._next_groups())
+    record = t.update(t.source.next(t.order, t.config, t.step))
     assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is still its reference
     assert all(torch.equal(before[n], p) for n, p in t.reference.named_parameters())  # frozen
     assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())  # the policy moved

@@ -4,6 +4,7 @@ Plumbing on the tiny Qwen3-shaped model (accuracy belongs to the embedded model:
 calls are real replies of the bundled bank server over stdio."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -71,7 +72,10 @@ def test_the_split_is_by_run_seeded_and_keeps_a_replayed_call_with_the_run_it_ca
     train, held = split_episodes(calls, 0.25, seed=3)
     assert (train, held) == split_episodes(calls, 0.25, seed=3) and (train, held) != split_episodes(calls, 0.25, seed=4)
     assert not set(train) & set(held) and len(held) == 3 and "variant" not in train + held
-    assert {c.episode for c in calls if c.request.call.id} >= {runs[0].run_id}
+    assert sorted(train + held) == sorted(r.run_id for r in runs)  # each recorded run one episode, no other
+    own, _ = observed_calls(runs)
+    first = sum(c.episode == runs[0].run_id for c in own)
+    assert first and [c.episode for c in calls[len(own):]] == [runs[0].run_id] * first  # the replay's are its origin's
 
 
 def test_caps_take_whole_runs_and_the_split_lists_the_runs_it_measured(bank_calls):
@@ -106,46 +110,52 @@ def fitted(bank_calls, tiny_qwen3_dir, tmp_path_factory) -> tuple[Path, str]:
     return out, done.stdout
 
 
-def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_table(fitted, bank_calls, tiny_qwen3_dir,
-                                                                                   tmp_path):
+def written(folder: Path) -> tuple[dict, dict]:
+    """What a fit wrote into `folder`: its setup (fit.json) and its report (report.json)."""
+    return json.loads((folder / "fit.json").read_text()), json.loads((folder / "report.json").read_text())
+
+
+def test_a_fit_measures_its_held_out_runs_tool_by_tool_and_writes_the_adapter_and_a_plot(fitted, bank_calls):
     out, printed = fitted
+    setup, report = written(out)
     assert "all tools" in printed and "trust.json" in printed
-    report = json.loads((out / "report.json").read_text())
-    setup = json.loads((out / "fit.json").read_text())
     assert report["overall"]["calls"] == setup["held_out_calls"] > 0 and len(setup["held_out_runs"]) == 3
+    assert {c["run"] for c in report["calls"]} == set(setup["held_out_runs"])  # nothing it trained on
+    assert not set(setup["held_out_runs"]) & set(setup["trained_runs"])
     catalog = {t["name"] for t in next(iter(TraceStore(bank_calls).read())).tools}
     assert report["tools"] and set(report["tools"]) <= catalog
     for figures in report["tools"].values():
         assert set(figures["field_accuracy"]) == {"echoed", "read", "computed"} and figures["nll_per_token"] > 0
     assert (out / "report.png").stat().st_size > 10_000 and (out / "adapter_config.json").exists()
-    table = read_trust(out)
-    assert set(table.tools) == set(report["tools"]) and not table.notes  # every measured tool; its figures are its own
-    assert not any(t.believe_failures or t.skip_approval for t in table.tools.values())  # the tiny model earns nothing
-    assert all(t.fail_closed and t.server == "bank" and t.behaviour for t in table.tools.values())
-    for figures in [*report["tools"].values(), report["overall"]]:  # every figure beside its floor
+
+
+def test_every_figure_of_a_fit_stands_beside_its_floor(fitted):
+    """Plumbing: the held-out runs here are reference solutions with no failure, so the always-succeeds floor
+    is 1.0 and one that ignored failures would pass here; test_measure.py pins it on hand-built calls."""
+    _, report = written(fitted[0])
+    for figures in [*report["tools"].values(), report["overall"]]:
         floors = figures["floors"]
         assert floors["always_succeeds"] == (figures["calls"] - figures["failures"]) / figures["calls"]
         assert floors["majority"] is not None and set(figures["field_floor"]) == {"echoed", "read", "computed"}
         assert figures["unusable"] == 0.0  # decoded status first: readable, or UNKNOWN at the budget
-    # The real replies were learned: held-out nll well below the untrained model's on the same calls
-    again = envace("world-model", "report", "--adapter", str(out), "--traces", str(bank_calls),
-                   "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "again"))
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "runs its fit held out" in again.stdout  # on the fit's own folder: the calls the fit measured
-    import shutil
 
-    copy = shutil.copytree(bank_calls, tmp_path / "copy")  # another path: its runs are still known by id
-    refused = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir))
-    assert refused.returncode == 2 and "already has a trust table" in refused.stderr  # nothing overwritten unasked
-    moved = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir),
-                   "--out", str(tmp_path / "moved"))
-    assert moved.returncode == 0 and json.loads((tmp_path / "moved" / "report.json").read_text())["overall"]["calls"] <= \
-        setup["held_out_calls"]  # the runs it trained on are left out wherever the folder lies
-    assert json.loads((tmp_path / "again" / "report.json").read_text())["overall"]["calls"] == setup["held_out_calls"]
+
+def test_a_fits_trust_table_names_every_measured_tool_and_the_tiny_model_earns_nothing(fitted):
+    out, _ = fitted
+    _, report = written(out)
+    table = read_trust(out)
+    assert set(table.tools) == set(report["tools"]) and not table.notes  # every measured tool; its figures are its own
+    assert not any(t.believe_failures or t.skip_approval for t in table.tools.values())
+    assert all(t.fail_closed and t.server == "bank" and t.behaviour for t in table.tools.values())
+
+
+def test_a_fitted_world_model_predicts_the_held_out_replies_better_than_the_untrained_model(fitted, bank_calls,
+                                                                                           tiny_qwen3_dir):
     from envace_mcp.policy.transformers import TransformersPolicy
     from envace_mcp.train.sft import reply_target, target_encoding
     from envace_mcp.worldmodel import read_calls
 
+    setup, report = written(fitted[0])
     _, calls, _ = read_calls(bank_calls)
     held = [c for c in calls if c.episode in set(setup["held_out_runs"])]
     bare = TransformersPolicy.from_pretrained(str(tiny_qwen3_dir), tool_format="compact", rehearse_format="inline")
@@ -156,6 +166,49 @@ def test_fit_then_report_on_held_out_runs_writes_figures_a_plot_and_a_trust_tabl
         target = encode(reply_target(call.result, "inline", close)) + [end]
         nll, tokens = nll - sum(bare.score(prompt, target)), tokens + len(target)
     assert report["overall"]["nll_per_token"] < 0.97 * nll / tokens  # deterministic: 6.42 against 6.75
+
+
+def test_report_on_the_fits_own_log_measures_exactly_the_calls_the_fit_held_out(fitted, bank_calls, tiny_qwen3_dir,
+                                                                                 tmp_path):
+    out, _ = fitted
+    setup, report = written(out)
+    again = envace("world-model", "report", "--adapter", str(out), "--traces", str(bank_calls),
+                   "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"the {setup['held_out_calls']} calls of the 3 runs its fit held out" in " ".join(again.stdout.split())
+    measured = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert [(c["run"], c["index"]) for c in measured["calls"]] == [(c["run"], c["index"]) for c in report["calls"]]
+
+
+def test_report_does_not_overwrite_a_trust_table_unasked(fitted, bank_calls, tiny_qwen3_dir, tmp_path):
+    import shutil
+
+    out, _ = fitted
+    before = {name: (out / name).read_bytes() for name in ("trust.json", "report.json")}
+    copy = shutil.copytree(bank_calls, tmp_path / "copy")
+    refused = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir))
+    assert refused.returncode == 2 and "already has a trust table" in refused.stderr
+    assert {name: (out / name).read_bytes() for name in before} == before
+
+
+def test_report_on_a_copy_of_the_log_elsewhere_leaves_out_the_runs_the_fit_trained_on(fitted, bank_calls,
+                                                                                       tiny_qwen3_dir, tmp_path):
+    import shutil
+
+    out, _ = fitted
+    setup, _ = written(out)
+    copy = shutil.copytree(bank_calls, tmp_path / "copy")  # another path: its runs are still known by id
+    moved = envace("world-model", "report", "--adapter", str(out), "--traces", str(copy), "--model", str(tiny_qwen3_dir),
+                   "--out", str(tmp_path / "moved"))
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    measured = json.loads((tmp_path / "moved" / "report.json").read_text())
+    assert measured["overall"]["calls"] > 0 and {c["run"] for c in measured["calls"]} <= set(setup["held_out_runs"])
+    from envace_mcp.worldmodel import read_calls
+
+    _, calls, _ = read_calls(bank_calls)
+    left = re.search(r"left out: (\d+) that match its training calls", " ".join(moved.stdout.split()))
+    assert left and int(left[1]) + measured["overall"]["calls"] == len(calls)
+    assert int(left[1]) >= setup["training_calls"] and "runs its fit held out" not in moved.stdout
 
 
 def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_loaded_world_model_carries_them(
@@ -263,7 +316,9 @@ async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage, HumanMessage
 
+    from envace_mcp.graph.gate import decide
     from envace_mcp.graph.middleware import RehearsalMiddleware
+    from envace_mcp.policy import Prediction, ToolCall
     from envace_mcp.policy.transformers import TransformersPolicy
     from envace_mcp.toolbox import Toolbox
 
@@ -293,10 +348,19 @@ async def test_the_middleware_rehearses_with_a_fitted_world_model_and_its_trust_
     record = out["rehearsals"][0]
     assert record["prediction"] is not None and len(asked) == 1 and record["approved"] is False
     assert "approval required" in record["reason"] and f"world model {folder}" in middleware.core.policy.name
-    # whatever it predicts is shown, not acted on, and the reason says which way the table decided
-    status, measured = record["prediction"]["status"], "transfer" in trust
-    said = ("approval required for destructive tool 'transfer'" if status == "result" else
-            "was not measured on 'transfer' (trust table)" if not measured else
-            "so it predicts nothing" if status == "invalid" else  # measured: fails closed only under on_unusable=block
-            "not measured reliable on 'transfer' (trust table)")
-    assert said in record["reason"]
+    # The table, not the tiny model's luck, decides: the gate the middleware loaded, given a predicted failure
+    # of `transfer` (which the tiny model may or may not predict above), shows it and asks, where the same
+    # gate without a table stops the call.
+    gate = middleware.core.gate
+    proposed = ToolCall(id="c1", name="transfer", arguments=call["args"])
+    fails = Prediction(tool="transfer", status="tool_error", code="INSUFFICIENT_FUNDS", message="not enough money")
+    shown = decide(proposed, middleware.core.specs["transfer"], fails, mode="real", config=gate)
+    assert shown.action == "ask" and "'transfer' (trust table), so its prediction (INSUFFICIENT_FUNDS) is shown, " \
+        "not acted on" in shown.reason
+    untrusted = decide(proposed, middleware.core.specs["transfer"], fails, mode="real",
+                       config=gate.model_copy(update={"trust": None}))
+    assert untrusted.action == "block"
+    # and the run above went through that gate: its recorded reason is the one it gives for what was predicted
+    predicted = Prediction.model_validate(record["prediction"])
+    assert record["reason"] == decide(proposed, middleware.core.specs["transfer"], predicted, mode="real",
+                                      config=gate).reason

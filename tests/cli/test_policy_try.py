@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TESTS
 from todo_server import TODOS
 
 ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
-TODO_SERVER = str(Path(__file__).parent / "todo_server.py")
+TODO_SERVER = str(TESTS / "todo_server.py")
 NOT_RUN = ('not run: delete_todo is not read-only and server \'todo\' is not marked "sandbox": true, and there is no '
            "terminal to confirm on")
 

@@ -25,7 +25,8 @@ import pytest
 
 pyte = pytest.importorskip("pyte")
 
-TESTS = Path(__file__).parent
+from helpers import TESTS  # noqa: E402  (tests/: the servers these tests start live there)
+
 SERVER = str(TESTS / "terminal_server.py")
 RAW = str(TESTS / "raw_server.py")
 COLUMNS, ROWS = 120, 300

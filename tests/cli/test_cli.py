@@ -3,9 +3,10 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from helpers import TESTS
 
 ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
 
@@ -117,7 +118,7 @@ def test_tasks_ls_lists_a_split():
     assert out.returncode == 0 and out.stdout.count("retail/test/") == 3
 
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = TESTS.parent / "examples"
 
 
 def example(name: str, *args: str) -> subprocess.CompletedProcess:

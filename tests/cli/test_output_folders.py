@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from envace_mcp._files import hold_folder, open_append, write_atomic
+from helpers import TESTS
 
 ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "100", "ENVACE_PROGRESS_INTERVAL": "3600"}
-FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+FIXTURES = TESTS / "fixtures" / "traces"
 EVAL = ["eval", "--suite", "bank", "--policy", "reference", "--limit", "1"]
 
 
