@@ -207,7 +207,7 @@ def invoke(args: list[str], folder: Path) -> tuple[subprocess.CompletedProcess, 
     return out, loaded.read_text() if loaded.exists() else "?"
 
 
-@pytest.mark.timeout(900)  # 125 fresh interpreters, two at a time: ~3 min on 2 idle cores, more on busy ones
+@pytest.mark.timeout(900)  # 124 fresh interpreters, two at a time: ~3 min on 2 idle cores, more on busy ones
 def test_every_bad_invocation_fails_in_one_line_with_exit_code_2_before_anything_heavy_starts(files):
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: invoke(case[0], files), BAD))
