@@ -207,6 +207,13 @@ GRAPH_NOTE = "envace_note"
 says which: `format`, a reminder after a call that could not be read). The gate's evidence rules do not
 count it as the user's words or a new request."""
 
+FORMAT_REMINDER = (
+    "Your last message tried to call a tool but the call could not be read ({problems}). Write each call "
+    'as <tool_call>{{"name": "<tool>", "arguments": {{...}}}}</tool_call>, or answer in plain text.'
+)
+"""What the agent node tells the act role after a turn whose tool call could not be read (and what
+exported training conversations show in its place)."""
+
 
 def observations_only(messages: list[BaseMessage]) -> list[BaseMessage]:
     """The conversation as the environment saw it, for the rehearse role: calls that never ran (the

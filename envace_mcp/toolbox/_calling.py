@@ -18,8 +18,7 @@ from envace_mcp.toolbox import asking, tasks
 from envace_mcp.toolbox._connection import Connection
 from envace_mcp.toolbox._transport import describe
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
-from envace_mcp.toolbox.result import ErrorKind, ToolResult
-from envace_mcp.toolbox.scope import tool_changed
+from envace_mcp.toolbox.result import ErrorKind, ToolResult, tool_changed
 
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     OSError,

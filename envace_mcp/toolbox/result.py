@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 ErrorKind = Literal["invalid_arguments", "unknown_tool", "timeout", "server_died", "tool_error", "denied",
                     "tool_changed", "input_required"]
@@ -117,3 +120,11 @@ class ToolResult(BaseModel):
             error_kind=kind,
             latency_s=latency_s,
         )
+
+
+def tool_changed(name: str, arguments: Any, expect: ToolSpec, now: ToolSpec | None) -> ToolResult:
+    """The `tool_changed` error: `name` was gated as `expect` and is `now` (`None`: gone); nothing ran."""
+    what = f"now {now.summary()}" if now is not None else "no tool of that name is offered now"
+    return ToolResult.error("tool_changed", f"tool {name!r} changed since it was gated: {what}; not run", tool=name,
+                            server=now.server if now is not None else expect.server, arguments=arguments,
+                            details={"gated": expect.to_dict(), "now": now.to_dict() if now is not None else None})

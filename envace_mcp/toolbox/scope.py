@@ -4,7 +4,7 @@ hidden from the model, tools hidden altogether."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.tools import BaseTool
 
@@ -12,16 +12,15 @@ from envace_mcp.toolbox.asking import Asker
 from envace_mcp.toolbox.backend import ToolBackend
 from envace_mcp.toolbox.catalog import ToolCatalog, ToolSpec
 from envace_mcp.toolbox.langchain import to_langchain_tools
-from envace_mcp.toolbox.result import ToolResult
-
-if TYPE_CHECKING:  # the toolbox module builds scopes: a runtime import would be a cycle
-    from envace_mcp.toolbox.toolbox import Toolbox
+from envace_mcp.toolbox.result import ToolResult, tool_changed
 
 
 class ToolboxScope(ToolBackend):
-    """A toolbox view that adds fixed `_meta` and bound arguments to every call, and hides tools."""
+    """A toolbox view that adds fixed `_meta` and bound arguments to every call, and hides tools.
+    `toolbox` is a `Toolbox` (its `call_sync`, `respond` and `read_resource` too); typed by the seam it
+    shares, since the toolbox module builds scopes."""
 
-    def __init__(self, toolbox: Toolbox, meta: dict[str, Any], *, bind: dict[str, Any] | None = None,
+    def __init__(self, toolbox: ToolBackend, meta: dict[str, Any], *, bind: dict[str, Any] | None = None,
                  hide: frozenset[str] = frozenset()) -> None:
         self.toolbox = toolbox
         self.meta = meta
@@ -126,11 +125,3 @@ class ToolboxScope(ToolBackend):
     def langchain_tools(self) -> list[BaseTool]:
         """This scope's catalog as LangChain tools (sync and async), for any existing agent."""
         return to_langchain_tools(self)
-
-
-def tool_changed(name: str, arguments: Any, expect: ToolSpec, now: ToolSpec | None) -> ToolResult:
-    """The `tool_changed` error: `name` was gated as `expect` and is `now` (`None`: gone); nothing ran."""
-    what = f"now {now.summary()}" if now is not None else "no tool of that name is offered now"
-    return ToolResult.error("tool_changed", f"tool {name!r} changed since it was gated: {what}; not run", tool=name,
-                            server=now.server if now is not None else expect.server, arguments=arguments,
-                            details={"gated": expect.to_dict(), "now": now.to_dict() if now is not None else None})

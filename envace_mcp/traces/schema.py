@@ -25,15 +25,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from envace_mcp._redact import redact
+from envace_mcp.policy.types import RehearseFormat  # noqa: F401 - traces record it; policies define it
 
 SCHEMA_VERSION = 3
 
 StepRole = Literal["act", "rehearse", "critique", "gate", "tool"]
-RehearseFormat = Literal["simulator", "inline"]
-"""How the rehearse role is prompted: "simulator" is EnvACE's fresh-chat simulator prompt
-(`<execution_result>` answers); "inline" continues the act context right after the proposed call, the
-model writing the tool's response turn in its own tool-response format (`policy.prompts.render_inline`).
-One definition: policies take it, traces record it."""
 RunStatus = Literal["finished", "interrupted", "failed"]
 STOPPED = frozenset({"block", "feedback", "budget", "reject", "rejected_by_human"})
 """Gate decisions that kept a proposed call from running: its `tool` step's result is the gate's

@@ -29,7 +29,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from envace_mcp.graph.nodes.agent import FORMAT_REMINDER
+from envace_mcp.policy.chat_text import FORMAT_REMINDER
 from envace_mcp.policy.prompts import GRAPH_NOTE, render_act
 from envace_mcp.policy.tool_text import native
 from envace_mcp.policy.types import ActOutput, ActRequest

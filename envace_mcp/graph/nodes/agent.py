@@ -12,12 +12,9 @@ from envace_mcp.graph.calls import call_ids, unique_ids
 from envace_mcp.graph.nodes._common import act_request, emit
 from envace_mcp.graph.nodes._stalls import stall
 from envace_mcp.graph.state import EnvaceContext, EnvaceState
+from envace_mcp.policy.chat_text import FORMAT_REMINDER
 from envace_mcp.policy.prompts import GRAPH_NOTE
 
-FORMAT_REMINDER = (
-    "Your last message tried to call a tool but the call could not be read ({problems}). Write each call "
-    'as <tool_call>{{"name": "<tool>", "arguments": {{...}}}}</tool_call>, or answer in plain text.'
-)
 
 
 async def agent(state: EnvaceState, runtime: Runtime[EnvaceContext]) -> dict[str, Any]:
