@@ -127,8 +127,8 @@ def _schema_problem(schema: Any) -> str | None:
     properties = schema.get("properties")
     if not isinstance(properties, dict):
         return "no properties"
-    for name, field in properties.items():
-        if not isinstance(field, dict) or field.get("type") not in _FIELD_TYPES:
+    for name, spec in properties.items():
+        if not isinstance(spec, dict) or spec.get("type") not in _FIELD_TYPES:
             return f"field {str(name)[:80]!r} is not a string, number, integer, boolean or list of choices"
     return None
 

@@ -4,8 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from helpers import TESTS
 
 ENVACE = [sys.executable, "-m", "envace_mcp.cli"]
