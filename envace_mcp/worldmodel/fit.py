@@ -72,7 +72,8 @@ def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | Non
           max_held: int | None = None) -> tuple[list[Observed], list[Observed], dict[str, Any]]:
     """(training calls, held-out calls, what the split was), refusing an empty side in one line. Each side
     is taken as whole runs in the seeded order, up to `max_calls` / `max_held` calls (None: all); a run
-    past a cap is neither trained nor measured, and `held_out_runs` lists the runs measured."""
+    past a cap is neither trained nor measured, and `held_out_runs` lists the runs measured (their calls in
+    the log's order, as a report on the same folder measures them)."""
     train_runs, held_runs = split_episodes(calls, holdout, seed)
     train, held = first_calls(calls, train_runs, max_calls), first_calls(calls, held_runs, max_held)
     if not train or not held:
@@ -80,6 +81,7 @@ def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | Non
         raise UserError(f"cannot hold out {holdout:.0%} of {runs} run(s) and train on the rest: need at least two "
                         "runs with real calls, and holdout between 0 and 1")
     measured = {c.episode for c in held}
+    held = [c for c in calls if c.episode in measured]  # in the log's order, as `report` reads them
     return train, held, {"seed": seed, "holdout": holdout, "runs": len(train_runs) + len(held_runs),
                          "held_out_runs": sorted(measured), "trained_runs": sorted({c.episode for c in train}),
                          "training_calls": len(train), "held_out_calls": len(held), "max_calls": max_calls,
