@@ -12,14 +12,9 @@ from typing import Any, Generic, Literal, TypeVar
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, ConfigDict, Field
 
+from envace_mcp._formats import RehearseFormat
 from envace_mcp.engine.types import SamplingParams
 from envace_mcp.toolbox import ToolSpec
-
-RehearseFormat = Literal["simulator", "inline"]
-"""How the rehearse role is prompted: "simulator" is EnvACE's fresh-chat simulator prompt
-(`<execution_result>` answers); "inline" continues the act context right after the proposed call, the
-model writing the tool's response turn in its own tool-response format (`policy.prompts.render_inline`).
-One definition: policies take it, traces record it."""
 
 Role = Literal["act", "rehearse", "critique"]
 

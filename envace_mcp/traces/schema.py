@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from envace_mcp._formats import RehearseFormat
 from envace_mcp._redact import redact
-from envace_mcp.policy.types import RehearseFormat  # noqa: F401 - traces record it; policies define it
 
 SCHEMA_VERSION = 3
 
