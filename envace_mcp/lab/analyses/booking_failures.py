@@ -12,11 +12,9 @@ fitted world model foresaw (its report.json).
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from envace_mcp.lab.analyses.inventory_failures import SOURCES as _LATER
-from envace_mcp.lab.analyses.inventory_failures import tally
+from envace_mcp.lab.analyses.inventory_failures import SOURCES as _LATER, tally
 from envace_mcp.policy.fidelity import parsed_json
 from envace_mcp.toolbox import ToolResult
 
@@ -80,11 +78,7 @@ def known_ids(calls: list[Any]) -> set[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", required=True, help="the imported booking log the fit read")
-    parser.add_argument("--fit", required=True, help="the fitted folder (its fit.json and report.json)")
-    args = parser.parse_args()
-    tally(args.traces, args.fit, known_ids, why, SOURCES)
+    tally(__doc__, "booking", known_ids, why, SOURCES)
 
 
 if __name__ == "__main__":

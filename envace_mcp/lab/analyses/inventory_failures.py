@@ -62,17 +62,20 @@ def why(call: Any, earlier: list[Any], skus: set[str]) -> tuple[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", required=True, help="the imported inventory log the fit read")
+    tally(__doc__, "inventory", known_skus, why, SOURCES)
+
+
+def tally(doc: str, server: str, knowing: Callable[[list[Any]], set[str]],
+          reason: Callable[[Any, list[Any], set[str]], tuple[str, str]], sources: tuple[str, ...]) -> None:
+    """The command of an analysis (`--traces` the `server`'s imported log, `--fit` a fitted folder;
+    `doc` its module docstring): print each held-out failure's (tool, what failed, where its deciding fact
+    was: `reason(call, the run's earlier calls, knowing(the training calls))`) with how many the fit's
+    world model foresaw."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--traces", required=True, help=f"the imported {server} log the fit read")
     parser.add_argument("--fit", required=True, help="the fitted folder (its fit.json and report.json)")
     args = parser.parse_args()
-    tally(args.traces, args.fit, known_skus, why, SOURCES)
-
-
-def tally(traces: str, fit: str, knowing: Callable[[list[Any]], set[str]],
-          reason: Callable[[Any, list[Any], set[str]], tuple[str, str]], sources: tuple[str, ...]) -> None:
-    """Print each held-out failure's (tool, what failed, where its deciding fact was: `reason(call, the
-    run's earlier calls, knowing(the training calls))`) with how many the fit's world model foresaw."""
+    traces, fit = args.traces, args.fit
     from envace_mcp.worldmodel.fit import read_calls
 
     setup = json.loads((Path(fit) / "fit.json").read_text())
