@@ -18,12 +18,12 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 from typing_extensions import TypedDict
 
+from envace_mcp.errors import UserError
 from envace_mcp.graph import calls
 from envace_mcp.graph.acting import Respond, Run, act_async, ask_answers, send_answers
 from envace_mcp.graph.calls import Proposal, RehearsalRecord
 from envace_mcp.graph.state import EnvaceContext
 from envace_mcp.policy.types import ToolCall
-from envace_mcp.errors import UserError
 from envace_mcp.toolbox import ToolBackend, ToolResult, ToolSpec
 from envace_mcp.toolbox.asking import Asker
 
