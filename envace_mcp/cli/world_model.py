@@ -31,8 +31,9 @@ def fit_command(
                                        "one; 'none' starts a new adapter)")] = None,
     holdout: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of runs held out to measure on")] = 0.2,
     seed: Annotated[int, typer.Option(help="seeds the split (and the training order)")] = 0,
-    max_calls: Annotated[int, typer.Option(min=0, help="train on whole runs up to N calls, and measure on held-out "
-                                                       "runs up to 200 calls (0: all of both)")] = 200,
+    max_calls: Annotated[int, typer.Option(min=0, help="train the model on whole runs up to N calls (the rules learn "
+                                                       "from every training run), and measure on held-out runs up to "
+                                                       "200 calls (0: all of both)")] = 200,
     config: Annotated[Optional[list[str]], typer.Option(
         "--config", "-c", help="training settings (SFTConfig; fit trains 1 epoch unless told): a JSON file or key=value "
                                          "pairs, e.g. -c epochs=2,lr=1e-4")] = None,
@@ -55,11 +56,12 @@ def fit_command(
     if unknown:
         console.print(f"skipped {sum(unknown.values())} calls to tools the runs' catalogs lack: "
                       + ", ".join(safe(name) for name in sorted(unknown)[:5]))
-    unused = how["logged_calls"] - len(train) - len(held)
-    console.print(f"training on {len(train)} calls of {len(how['trained_runs'])} runs; measuring on {len(held)} held-out "
-                  f"calls of {len(how['held_out_runs'])} runs" + (f"; {unused} calls left out (whole runs up to --max-calls "
-                                                                  f"{max_calls} trained, {MAX_HELD} measured; 0 for all)"
-                                                                  if unused else ""))
+    unused = how["logged_calls"] - how["rule_calls"] - len(held)
+    console.print(f"training on {len(train)} calls of {how['model_runs']} runs (status and copy rules: all "
+                  f"{how['rule_calls']} calls of the {len(how['trained_runs'])} training runs); measuring on "
+                  f"{len(held)} held-out calls of {len(how['held_out_runs'])} runs"
+                  + (f"; {unused} held-out calls left out (whole runs up to {MAX_HELD} measured; --max-calls 0 "
+                     "for all)" if unused else ""))
     console.print(room_for_trust(held))
     start = default_adapter(model, adapter)
     with _holding(out):

@@ -71,9 +71,10 @@ def read_calls(traces: str | Path) -> tuple[list[Any], list[Observed], dict[str,
 def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | None = None,
           max_held: int | None = None) -> tuple[list[Observed], list[Observed], dict[str, Any]]:
     """(training calls, held-out calls, what the split was), refusing an empty side in one line. Each side
-    is taken as whole runs in the seeded order, up to `max_calls` / `max_held` calls (None: all); a run
-    past a cap is neither trained nor measured, and `held_out_runs` lists the runs measured (their calls in
-    the log's order, as a report on the same folder measures them)."""
+    is taken as whole runs in the seeded order, up to `max_calls` / `max_held` calls (None: all): the model
+    trains on those; the rules (`learned_from`) learn from every training-side run, a count that costs
+    seconds. A held-out run past its cap is not measured; `held_out_runs` lists the runs measured (their
+    calls in the log's order, as a report on the same folder measures them)."""
     train_runs, held_runs = split_episodes(calls, holdout, seed)
     train, held = first_calls(calls, train_runs, max_calls), first_calls(calls, held_runs, max_held)
     if not train or not held:
@@ -82,12 +83,20 @@ def split(calls: list[Observed], holdout: float, seed: int, max_calls: int | Non
                         "runs with real calls, and holdout between 0 and 1")
     measured = {c.episode for c in held}
     held = [c for c in calls if c.episode in measured]  # in the log's order, as `report` reads them
+    side = learned_from(calls, train_runs)
     return train, held, {"seed": seed, "holdout": holdout, "runs": len(train_runs) + len(held_runs),
-                         "held_out_runs": sorted(measured), "trained_runs": sorted({c.episode for c in train}),
-                         "training_calls": len(train), "held_out_calls": len(held), "max_calls": max_calls,
-                         "max_held": max_held, "logged_calls": len(calls),
-                         "trained_calls": sorted({call_digest(c) for c in train}),
-                         "training_majority": majority_of(train)}
+                         "held_out_runs": sorted(measured), "trained_runs": sorted(set(train_runs)),
+                         "model_runs": len({c.episode for c in train}),
+                         "training_calls": len(train), "rule_calls": len(side), "held_out_calls": len(held),
+                         "max_calls": max_calls, "max_held": max_held, "logged_calls": len(calls),
+                         "trained_calls": sorted({call_digest(c) for c in side}),
+                         "training_majority": majority_of(side)}
+
+
+def learned_from(calls: list[Observed], train_runs: list[str]) -> list[Observed]:
+    """The calls the rules and the training majority learn from: every call of the training-side runs."""
+    runs = set(train_runs)
+    return [c for c in calls if c.episode in runs]
 
 
 def failure_copies(calls: list[Observed]) -> int:
@@ -188,9 +197,10 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
     tokenizer.save_pretrained(out)
     if log is not None:
         log.write(out)
-    identities = {c.tool: (c.spec.server or None, c.spec.behaviour) for c in train}
-    write_rules(out, learn(train), identities)
-    status_rules.write_rules(out, *status_rules.learn(train), identities)
+    side = learned_from(calls, how["trained_runs"])
+    identities = {c.tool: (c.spec.server or None, c.spec.behaviour) for c in side}
+    write_rules(out, learn(side), identities)
+    status_rules.write_rules(out, status_rules.learn(side), identities)
     measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
                 "skipped_too_long": too_long, "recalls": len(log) if log is not None else 0, "unknown_tools": unknown, "failure_copies": failure_copies(train),
                 "training": settings.model_dump(mode="json", exclude={"performance", "model", "adapter"})}

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
+from envace_mcp.policy.call_facts import LoggedNumbers
 from envace_mcp.policy.status_rules import (
     MIN_SUPPORT,
     RULES_FILE,
@@ -80,14 +81,15 @@ def warehouse(runs=8):
 
 
 def test_a_fact_that_came_with_a_failure_in_nearly_every_logged_call_becomes_a_rule():
-    rules, known = learn(warehouse())
+    learned = learn(warehouse())
+    rules, known = learned.rules, learned.known
     assert {r.fact: (r.support, r.held) for r in rules["reserve"]} == {"unseen sku": (8, 1.0),
                                                                       "quantity > available": (8, 1.0)}
     assert "KT-1" in known and "XX-0" not in known  # texts of successful replies only
-    assert learn(warehouse(MIN_SUPPORT - 1))[0] == {}  # too few calls to say
+    assert learn(warehouse(MIN_SUPPORT - 1)).rules == {}  # too few calls to say
     calls = warehouse()
     calls[2].failed = False  # one of the eight over-reservations went through: 7 of 8 is under 90 %
-    assert [r.fact for r in learn(calls)[0]["reserve"]] == ["unseen sku"]
+    assert [r.fact for r in learn(calls).rules["reserve"]] == ["unseen sku"]
 
 
 def test_an_sku_only_this_run_showed_is_unseen_when_learning_leave_one_run_out():
@@ -99,7 +101,8 @@ def test_an_sku_only_this_run_showed_is_unseen_when_learning_leave_one_run_out()
         calls += run(f"run{r}", [("reserve", {"sku": f"NEW-{r}", "quantity": 1}, "Error: no item", True),
                                  ("list_items", {}, own, False),
                                  ("reserve", {"sku": f"NEW-{r}", "quantity": 1}, {"id": "R", "sku": f"NEW-{r}"}, False)])
-    rules, known = learn(calls)
+    learned = learn(calls)
+    rules, known = learned.rules, learned.known
     assert [r.fact for r in rules["reserve"]] == ["unseen sku"] and rules["reserve"][0].support == 6
     assert "NEW-0" in known  # at rehearsal time every logged reply counts
 
@@ -110,7 +113,7 @@ def request(arguments, history=(), spec=SPECS["reserve"]):
 
 
 def test_a_rehearsal_predicts_the_failure_a_rule_foresees_and_says_which_rule(tmp_path):
-    write_rules(tmp_path, *learn(warehouse()), {name: (s.server, s.behaviour) for name, s in SPECS.items()})
+    write_rules(tmp_path, learn(warehouse()), {name: (s.server, s.behaviour) for name, s in SPECS.items()})
     table = read_rules(tmp_path)
     assert table.summary() == {"reserve": ["fails when quantity > available (failed in 100% of 8)",
                                            "fails when unseen sku (failed in 100% of 8)"]}
@@ -119,14 +122,17 @@ def test_a_rehearsal_predicts_the_failure_a_rule_foresees_and_says_which_rule(tm
     assert (typo.status, typo.ruled, typo.p_error, typo.copied, typo.text) == ("tool_error", "unseen sku", 1.0, [], "{...}")
     assert "unseen sku" in typo.message and typo.result["error_tool_call"]["message"] == typo.message
     assert guess.status == "result"  # a copy: the model's own prediction is not changed in place
-    assert table.apply(guess, request({"sku": "KT-1", "quantity": 1})) == guess  # known, and no state: as written
+    kept = table.apply(guess, request({"sku": "KT-1", "quantity": 1}))  # known, and no state: the model's result,
+    assert (kept.status, kept.result, kept.copied, kept.ruled) == ("result", guess.result, ["sku"], None)
+    rate = (0 + 0.5) / (8 + 1)  # its P(error) calibrated by the 8 unruled reserves, none failed
+    assert kept.p_error == pytest.approx(0.02 + 0.98 * rate) and kept.confidence == pytest.approx(1 - kept.p_error)
     unreadable = Prediction(tool="reserve", status="invalid", code="UNKNOWN")
     assert table.apply(unreadable, request({"sku": "KT-7"})) == unreadable  # a gate fails closed on it: so it stays
     error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="out of stock", p_error=0.6)
     assert table.apply(error, request({"sku": "KT-7"})).message == "out of stock"  # the model's own words kept
     other = ToolSpec.from_dict({"name": "reserve", "description": "reserve", "server": "elsewhere",
                                 "input_schema": {"type": "object"}})
-    assert table.apply(guess, request({"sku": "KT-7"}, spec=other)) == guess  # another server's tool
+    assert table.apply(guess, request({"sku": "KT-7"}, spec=other)) == guess  # another server's tool: not even calibrated
     changed = ToolSpec.from_dict({"name": "reserve", "description": "reserve", "server": "inventory",
                                   "input_schema": {"type": "object", "properties": {"sku": {"type": "string"}}}})
     assert table.apply(guess, request({"sku": "KT-7"}, spec=changed)) == guess  # schemas changed
@@ -200,12 +206,16 @@ def test_how_two_arguments_compare_is_a_fact():
 def test_hostile_replies_and_arguments_give_bounded_facts_never_a_crash():
     """From outside: a reply nested 600 deep crashed rehearsal and fit (RecursionError); 2,000 numeric
     arguments made two million facts on every rehearsal."""
-    from envace_mcp.policy.status_rules import MAX_ARGUMENTS
+    from envace_mcp.policy.call_facts import MAX_ARGUMENTS
 
     deep = "[" * 5000 + "]" * 5000
-    calls = run("r", [("list_items", {}, deep, False), ("reserve", {"sku": "KT-1"}, deep, False)])
+    nested: dict = {}
+    for _ in range(5000):
+        nested = {"a": nested}
+    calls = run("r", [("list_items", {}, deep, False), ("reserve", {"sku": "KT-1"}, deep, False),
+                      ("reserve", {"sku": "KT-1", "deep": nested}, {"id": "R-1", "seats": 2}, False)])
     assert facts(calls[1].request, known=set()) == {"unseen sku"}  # the deep reply shows nothing
-    assert learn(calls * 3)[0] == {}
+    assert learn(calls * 3).rules == {}
     many = {f"n{i}": i for i in range(2000)}
     assert len(facts(request(many), known=None)) == MAX_ARGUMENTS * (MAX_ARGUMENTS - 1) // 2  # pairs of the first 32
 
@@ -233,9 +243,64 @@ async def test_rules_learned_from_a_real_servers_log_foresee_its_failures_and_no
     runs = sorted({c.episode for c in calls})
     train = [c for c in calls if c.episode in set(runs[: len(runs) // 2])]
     held = [c for c in calls if c.episode not in set(runs[: len(runs) // 2])]
-    rules, known = learn(train)
+    learned = learn(train)
+    rules, known = learned.rules, learned.known
     assert "unseen sku" in {r.fact for r in rules["reserve"]}
     identities = {c.tool: (c.spec.server, c.spec.behaviour) for c in train}
     table = StatusTable({tool: (identities[tool], found) for tool, found in rules.items()}, frozenset(known))
     said = [c for c in held if table.apply(Prediction(tool=c.tool, status="result"), c.request).ruled]
     assert len(said) >= 5 and all(c.failed for c in said), [(c.tool, c.failed) for c in said]
+
+
+def test_a_number_the_log_showed_for_what_a_call_names_is_a_fact_learned_leave_one_run_out(tmp_path):
+    """Rooms that outlive a run: one run lists them, later runs book without listing. `attendees > seats
+    (logged)` reads the seats another run showed; the run that showed them learns nothing from its own
+    later reply; the rule and the numbers it reads travel in the rules file, and nothing else does."""
+    rooms = {"rooms": [{"id": "R-1", "seats": 4, "floor": 2}, {"id": "R-2", "seats": 12, "floor": 3}]}
+    specs = {name: ToolSpec.from_dict({"name": name, "description": name, "server": "rooms",
+                                       "input_schema": {"type": "object"}}) for name in ("list_rooms", "book")}
+    SPECS.update(specs)
+    try:
+        calls = run("lister", [("list_rooms", {}, rooms, False)])
+        for r in range(6):
+            calls += run(f"run{r}", [("book", {"room_id": "R-1", "attendees": 6}, "Error: 6 do not fit", True),
+                                     ("book", {"room_id": "R-2", "attendees": 6}, {"id": f"B-{r}"}, False)])
+        own = run("own", [("book", {"room_id": "R-9", "attendees": 9}, "Error", True),
+                          ("list_rooms", {}, {"rooms": [{"id": "R-9", "seats": 2}]}, False)])
+        assert "attendees > seats (logged)" in facts(calls[1].request, logged=LoggedNumbers.of(calls).without("run0"))
+        assert "attendees > seats (logged)" not in facts(own[0].request, logged=LoggedNumbers.of(own).without("own"))
+        learned = learn(calls + own)
+        assert [r.words() for r in learned.rules["book"]] == ["attendees > seats (logged) (failed in 100% of 6)"]
+        assert sorted(map(tuple, learned.logged)) == [("id", "R-1", "seats", 4), ("id", "R-2", "seats", 12),
+                                                     ("id", "R-9", "seats", 2)]  # seats only: no rule reads floors
+        assert learned.unforeseen["book"] == (1, 7)  # R-9's own failure, which its run showed only after
+        write_rules(tmp_path, learned, {name: (s.server, s.behaviour) for name, s in specs.items()})
+        table = read_rules(tmp_path)
+        blind = request({"room_id": "R-1", "attendees": 5}, spec=specs["book"])  # this run never listed the rooms
+        assert table.apply(Prediction(tool="book", status="result", result={}), blind).ruled == "attendees > seats (logged)"
+        fits = request({"room_id": "R-2", "attendees": 5}, spec=specs["book"])
+        assert table.apply(Prediction(tool="book", status="result", result={}), fits).status == "result"
+    finally:
+        for name in specs:
+            SPECS.pop(name)
+
+
+def test_logged_numbers_and_unforeseen_counts_in_a_rules_file_are_untrusted(tmp_path):
+    """What is not [key, value, field, finite number], or counts that are not 0 ≤ failed ≤ calls, is dropped;
+    counts bound to another tool calibrate nothing; calibration only ever raises P(error)."""
+    entry = {"server": "inventory", "behaviour": SPECS["reserve"].behaviour, "rules": []}
+    (tmp_path / RULES_FILE).write_text(json.dumps({"tools": {
+        "reserve": {**entry, "unforeseen": [1, 3]}, "ship": {**entry, "unforeseen": [5, 2]},
+        "cancel": {**entry, "unforeseen": [True, 3]}, "get_item": {**entry, "behaviour": "other", "unforeseen": [3, 3]}},
+        "logged": [["id", "R-1", "seats", 4], ["id", "R-2", "seats", float("nan")], ["id", "R-3", "seats", True],
+                   ["id", 5, "seats", 1], ["id", "R-4", "seats"], "x"]}).replace("NaN", "NaN"))
+    table = read_rules(tmp_path)
+    assert table.logged.shown == {("id", "R-1"): {"seats": {"": 4}}}
+    assert {t: c for t, (_, c) in table.unforeseen.items()} == {"reserve": (1, 3), "get_item": (3, 3)}
+    guess = Prediction(tool="reserve", status="result", result={}, p_error=0.3)
+    assert table.apply(guess, request({"sku": "KT-1"})).p_error == pytest.approx(0.3 + 0.7 * 1.5 / 4)
+    item = table.apply(Prediction(tool="get_item", status="result", p_error=0.3), request({}, spec=SPECS["get_item"]))
+    assert item.p_error == 0.3  # counted on another schema
+    for p in (0.0, 0.4, 0.9, 1.0):
+        error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", p_error=p)
+        assert table.apply(error, request({"sku": "KT-1"})).p_error >= p

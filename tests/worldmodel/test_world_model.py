@@ -96,8 +96,9 @@ def test_caps_take_whole_runs_and_the_split_lists_the_runs_it_measured(bank_call
 def test_the_command_takes_the_librarys_caps_by_default():
     from envace_mcp.worldmodel.fit import MAX_CALLS, MAX_HELD
 
-    shown = " ".join(envace("world-model", "fit", "--help").stdout.split())
-    assert f"up to {MAX_HELD} calls (0: all of both) [default: {MAX_CALLS}]" in shown
+    shown = " ".join(envace("world-model", "fit", "--help").stdout.replace("│", " ").split())  # as wrapped in its box
+    assert f"up to {MAX_HELD} calls (0: all of both) [default: {MAX_CALLS}" in shown
+    assert "the rules learn from every training run" in shown
 
 
 @pytest.fixture(scope="module")
@@ -230,9 +231,10 @@ def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_lo
     assert all(set(c["copied"]) <= ruled[c["tool"]] for c in copied)
     loaded = load_policy(str(tiny_qwen3_dir), adapter=str(out))
     assert loaded.copy_rules.tools == rules.tools
-    decided, known = status_rules.learn(trained)
+    learned = status_rules.learn(trained)
     table = status_rules.read_rules(out)
-    assert {t: r for t, (_, r) in table.tools.items()} == decided and table.known == set(known)
+    assert {t: r for t, (_, r) in table.tools.items()} == learned.rules and table.known == set(learned.known)
+    assert {t: counts for t, (_, counts) in table.unforeseen.items()} == learned.unforeseen  # every tool's, ruled or not
     assert report["status_rules"] == table.summary() and loaded.status_rules.tools == table.tools
     assert ("failures predicted by rule" in printed) == bool(table.tools) != ("no status rule" in printed)
     assert report["overall"]["by_rule"]["calls"] == sum(bool(c.get("ruled")) for c in report["calls"])

@@ -29,9 +29,10 @@ def main() -> None:
           "status: always succeeds · the rules alone")
     for size in args.sizes:
         train, held, _ = split(calls, args.holdout, args.seed, size or None, MAX_HELD if size else None)
-        rules, known = status_rules.learn(train)
-        texts = set(known)
-        said = [c for c in held if any(r.fact in status_rules.facts(c.request, texts) for r in rules.get(c.tool, []))]
+        learned = status_rules.learn(train)
+        rules, texts, logged = learned.rules, set(learned.known), status_rules.logged_numbers(learned.logged)
+        said = [c for c in held if any(r.fact in status_rules.facts(c.request, texts, logged)
+                                       for r in rules.get(c.tool, []))]
         right = sum(c.failed for c in said)
         failed = sum(c.failed for c in held)
         print(f"{len(train)} | {sum(map(len, rules.values()))} ({len(rules)}) | {len(held)}, {failed} | "
