@@ -18,7 +18,7 @@ from envace_mcp.graph.gate import Mode
 from envace_mcp.traces import Trace
 
 
-async def rollout_group(suite: Any, task: Task, policy: Any, *, k: int = 4, mode: Mode = "simulated",
+async def rollout_group(suite: Any, task: Task, policy: Any, *, k: int = 4, mode: Mode = "real",
                         toolbox: Any = None, tools: list[Any] | None = None, gate: GateConfig | None = None,
                         limits: RunLimits | None = None, sampling: dict[str, Any] | None = None,
                         group_id: str | None = None) -> list[Trace]:

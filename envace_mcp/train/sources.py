@@ -111,7 +111,7 @@ class RolloutGroups:
     (batched through one `TransformersPolicy` over the learner's model), recorded under `out/traces`
     and scored by the suite's checker."""
 
-    def __init__(self, learner: GRPOLearner, suite: Any, out: Path, *, k: int = 4, mode: str = "simulated",
+    def __init__(self, learner: GRPOLearner, suite: Any, out: Path, *, k: int = 4, mode: str = "real",
                  tools: list[Any] | None = None, gate: Any = None, limits: Any = None,
                  sampling: dict[str, Any] | None = None) -> None:
         """`sampling` (per role): None samples as `config` says, at the policy's own temperature (EnvACE's

@@ -141,7 +141,7 @@ class OnlineGRPO(GRPOTrainer):
     `config.split` with the weights being trained (under `gate` and run `limits`; None: their defaults),
     records and scores them, then updates. Traces of every step are kept under `out/traces`."""
 
-    def __init__(self, config: GRPOConfig, suite: Any, out: str | Path, *, k: int = 4, mode: str = "simulated",
+    def __init__(self, config: GRPOConfig, suite: Any, out: str | Path, *, k: int = 4, mode: str = "real",
                  tools: list[Any] | None = None, gate: Any = None, limits: Any = None,
                  sampling: dict[str, Any] | None = None, model: Any = None, tokenizer: Any = None) -> None:
         learner = GRPOLearner(config, model=model, tokenizer=tokenizer)

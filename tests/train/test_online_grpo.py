@@ -68,7 +68,7 @@ def test_online_grpo_rolls_out_groups_records_them_and_updates(tmp_path, bank_ca
     kinds = {get_suite("bank").task(t.group_id.split(":")[1]).kind for t in traces}
     pool = [t for t in get_suite("bank").split("train") if t.kind == "market_closed"]
     assert kinds == {"market_closed"} and trainer.source.tasks == pool
-    assert all(t.reward("task") is not None and t.mode == "simulated" for t in traces)
+    assert all(t.reward("task") is not None and t.mode == "real" for t in traces)  # real by default, as `envace train grpo`
     assert max(trainer.policy.engine.batcher.batch_sizes) == 3  # the group's turns were generated together
     assert trainer.policy.engine.kv_budget_gb == 1.0  # "auto" on CPU: rollouts' decode batches stay within 1 GB
     assert trainer.policy.engine.prefix_cache.max_tokens == 16384
