@@ -10,8 +10,10 @@ wrote there; the rehearsal says which fields it copied (`Prediction.copied`).
     table = read_rules(folder)        # None where the folder has none (or it is unreadable)
     prediction = table.apply(prediction, request)
 
-Learned from successful replies only, on fields outside lists. A rule needs `MIN_SUPPORT` replies that had
-the field and its source, and to hold in `MIN_HELD` of them. The file is read as untrusted input: bounded, and
+Learned from successful replies only. A field inside a list is one field for every element (`items[].category`:
+each listed item's category, where a listing echoes the category it was asked for), counted once per element
+and set in every element the model predicted. A rule needs `MIN_SUPPORT` values of the field that had a
+source, and to hold in `MIN_HELD` of them. The file is read as untrusted input: bounded, and
 a rule that is not well formed is dropped; a tool whose server or schemas differ from the ones the rules were
 learned on gets none (`ToolSpec.behaviour`).
 """
@@ -19,6 +21,7 @@ learned on gets none (`ToolSpec.behaviour`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +48,7 @@ class CopyRule:
     "argument", a dotted path) or the latest earlier value in the run of the field named `name` ("earlier")."""
 
     field: str
+    """A dotted path; `[]` after a name stands for every element of that list."""
     source: str
     name: str
     support: int
@@ -60,6 +64,7 @@ class CopyRule:
 
 
 _MISSING = object()
+_ELEMENT = re.compile(r"\[\d+\]")
 
 
 def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
@@ -77,9 +82,12 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
         given = {p: v for p, v in leaves(arguments).items() if "[" not in p} if isinstance(arguments, dict) else {}
         latest = latest_values(call.earlier)
         tally = counts.setdefault(call.tool, {})
-        for path, value in leaves(reply).items():
-            if "[" in path or isinstance(value, (dict, list)):
+        for exact, value in leaves(reply).items():
+            if isinstance(value, (dict, list)):
                 continue
+            path = _ELEMENT.sub("[]", exact)  # every element of a list is one field
+            if path.endswith("[]"):
+                continue  # a list of plain values: which element is which, no rule says
             for name, source_value in given.items():
                 if not isinstance(source_value, (dict, list)):
                     seen = tally.setdefault((path, "argument", name), [0, 0])
@@ -159,14 +167,27 @@ class RuleTable(BoundRules):
         return prediction.model_copy(update={"result": result, "copied": copied})
 
 
-def _set(obj: dict[str, Any], path: str, value: Any) -> bool:
-    *parents, last = path.split(".")
-    for part in parents:
-        obj = obj.get(part)  # type: ignore[assignment]
-        if not isinstance(obj, dict):
-            return False
-    obj[last] = value
-    return True
+def _set(obj: Any, path: str, value: Any) -> bool:
+    """Set `path` (its `[]` parts: in every element of that list) where its parent objects were predicted;
+    whether anything was set."""
+    part, _, rest = path.partition(".")
+    each = part.endswith("[]")
+    name = part[:-2] if each else part
+    if not isinstance(obj, dict) or (rest or each) and name not in obj:
+        return False
+    if not rest and not each:
+        obj[name] = value
+        return True
+    if not each:
+        return _set(obj[name], rest, value)
+    if not isinstance(obj[name], list):
+        return False
+    if not rest:
+        return False  # a list of plain values: which element is which, no rule says
+    found = False
+    for item in obj[name]:
+        found = _set(item, rest, value) or found
+    return found
 
 
 def write_bound(path: Path, rules: dict[str, list[Any]], identities: dict[str, Identity], **extra: Any) -> Path:
@@ -225,7 +246,7 @@ def _rule(data: Any) -> CopyRule | None:
     field, source, name = data.get("field"), data.get("source"), data.get("name")
     support, held = data.get("support"), data.get("held")
     if not (isinstance(field, str) and isinstance(name, str) and source in ("argument", "earlier")
-            and 0 < len(field) <= 200 and 0 < len(name) <= 200 and "[" not in field
+            and 0 < len(field) <= 200 and 0 < len(name) <= 200 and "[" not in field.replace("[].", ".")
             and isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
             and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1):
         return None

@@ -45,6 +45,27 @@ def test_a_field_that_equals_an_argument_or_an_earlier_value_in_nearly_every_rep
     assert learn(failing) == {}  # learned from successful replies only
 
 
+def test_a_field_of_every_listed_element_is_one_field_and_a_rule_sets_it_in_each_predicted_element(tmp_path):
+    """A listing echoes the category it was asked for in every item (inventory's `list_items`): one rule,
+    `items[].category`, counted per element, set in each item the model predicted, nowhere else."""
+    listings = [observed("list_items", {"category": c}, {"category": c, "items": [
+        {"sku": f"{c}-{i}", "category": c, "tags": ["a", "b"]} for i in range(3)]}) for c in ("mugs", "pans")]
+    rules = {r.field: r for r in learn(listings)["list_items"]}
+    assert (rules["items[].category"].source, rules["items[].category"].support) == ("argument", 6)
+    assert "items[].sku" not in rules and not any("tags" in f for f in rules)  # each its own; a list of plain values
+    spec = ToolSpec.from_dict({"name": "list_items", "description": "list", "server": "inventory",
+                               "input_schema": {"type": "object"}})
+    write_rules(tmp_path, learn(listings), {"list_items": (spec.server, spec.behaviour)})
+    guess = Prediction(tool="list_items", status="result", text="{...}", result={
+        "category": "mug", "items": [{"sku": "M-1", "category": "mug"}, {"sku": "M-2"}, "odd"]})
+    got = read_rules(tmp_path).apply(guess, request({"category": "mugs"}, spec=spec))
+    assert got.result == {"category": "mug", "items": [{"sku": "M-1", "category": "mugs"},  # (2 listings: no rule
+                                                        {"sku": "M-2", "category": "mugs"}, "odd"]}  # for the top level)
+    assert got.copied == ["items[].category"]
+    flat = Prediction(tool="list_items", status="result", result={"category": "mug", "items": "none"})
+    assert read_rules(tmp_path).apply(flat, request({"category": "mugs"}, spec=spec)) == flat  # no list predicted
+
+
 def request(arguments, history=(), spec=SPEC):
     return RehearseRequest(call=ToolCall(id="c1", name="reserve", arguments=arguments), tool=spec, allowed=[spec],
                            history=list(history))
@@ -83,7 +104,8 @@ def test_a_rules_file_is_untrusted_input(tmp_path):
     entry = {"server": "inventory", "behaviour": SPEC.behaviour}
     path.write_text(json.dumps({"tools": {
         "reserve": {**entry, "rules": [good, {**good, "held": 0.5}, {**good, "support": 2}, {**good, "source": "shell"},
-                                       {**good, "field": "items[0].sku"}, {**good, "support": True}, "sku", None]},
+                                       {**good, "field": "items[0].sku"}, {**good, "field": "tags[]"},
+                                       {**good, "support": True}, "sku", None]},
         "unbound": {"server": "inventory", "rules": [good]},
         "cancel": [good]}}))
     table = read_rules(tmp_path)
