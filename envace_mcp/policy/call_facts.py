@@ -10,9 +10,10 @@ The facts of a call, from its arguments and the run's earlier calls (as the rehe
   argument's name holds the argument's value (an item whose `sku` is the call's `sku`; for an argument
   named `<x>_id`, an object's `id` too), latest value per field: `<field> = true` / `false` /
   `"<short text>"`, and `<numeric arg> > <field>` where the argument exceeds a number of that state;
-- `<numeric arg> > <field> (logged)`: the argument exceeds a number that logged replies of *other* runs
-  showed for what the call names, where this run showed no such field (a room's `seats`, when this run
-  never listed the rooms): what the log knows of objects that outlive a run;
+- `<numeric arg> > <field> (run or log)`: the argument exceeds the number this run showed for what the call
+  names or, where it showed none, the number other runs' replies showed (a room's `seats`, when this run
+  never listed the rooms): what the log knows of objects that outlive a run, counted with what the run
+  knows, so the rule sees every call whose number is known;
 - `<arg> > <arg>` / `<arg> = <arg>`: how two of the call's arguments compare (numbers, or texts written
   alike: dates, times), as a range whose end is not after its start;
 - `after <tool> with <arg>` / `after failed <tool> with <arg>`: an earlier call of the run had the same
@@ -47,14 +48,14 @@ MAX_OBJECTS = 1000
 MAX_ARGUMENTS = 32
 """Arguments of a call its facts are read from (and compared pairwise)."""
 MAX_LOGGED = 20_000
-"""Objects' numbers kept from the log (key, value, field), for `(logged)` facts."""
-LOGGED = " (logged)"
+"""Objects' numbers kept from the log (key, value, field), for `(run or log)` facts."""
+LOGGED = " (run or log)"
 """How a fact read off the log, not the run, ends."""
 
 def facts(request: RehearseRequest, known: Any = None, logged: Any = None) -> set[str]:
     """The call's facts (see the module). `known`: the texts logged replies showed (`in` is all it needs);
     None: no `unseen` facts. `logged`: the numbers logged replies showed of objects (`LoggedNumbers`, or
-    its leave-one-run-out view); None: no `(logged)` facts. Bounded: the last `MAX_EARLIER` earlier calls,
+    its leave-one-run-out view); None: no `(run or log)` facts. Bounded: the last `MAX_EARLIER` earlier calls,
     `MAX_OBJECTS` objects of each reply, `MAX_ARGUMENTS` arguments; a reply nested past what Python can
     walk gives no facts."""
     try:
@@ -96,8 +97,10 @@ def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
             elif isinstance(field_value, (int, float)):
                 out.update(f"{field_name(n)} > {key}" for n, x in numbers.items() if x > field_value)
         if logged is not None:
-            for key, field_value in logged.numbers(keys, value).items():
-                if key in state:  # what this run showed is fresher
+            known = {**logged.numbers(keys, value),  # what this run showed is fresher
+                     **{k: v for k, v in state.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+            for key, field_value in known.items():
+                if key in keys:
                     continue
                 out.update(f"{field_name(n)} > {key}{LOGGED}" for n, x in numbers.items() if x > field_value)
         for tool, args, _, ok in earlier:
@@ -250,7 +253,7 @@ class LoggedNumbers:
         return _WithoutRun(self, run)
 
     def kept(self, facts: Iterable[str]) -> list[list[Any]]:
-        """[key, value, field, number] for each number a `(logged)` fact among `facts` reads (a rule's), as a
+        """[key, value, field, number] for each number a `(run or log)` fact among `facts` reads (a rule's), as a
         rules file stores them: the latest run's."""
         fields = {f[:-len(LOGGED)].rpartition(" > ")[2] for f in facts if f.endswith(LOGGED)}
         return [[key, value, name, list(runs.values())[-1]] for (key, value), found in self.shown.items()

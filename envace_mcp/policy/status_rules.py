@@ -99,10 +99,16 @@ def learn(calls: Iterable[Any]) -> Learned:
             seen[1] += 1
     rules: dict[str, list[StatusRule]] = {}
     for tool, counts in sorted(tally.items()):
-        kept = [StatusRule(fact, n, round(failed / n, 4)) for fact, (failed, n) in counts.items()
-                if n >= MIN_SUPPORT and failed / n >= MIN_HELD]
+        found = sorted((StatusRule(fact, n, round(failed / n, 4)) for fact, (failed, n) in counts.items()
+                        if n >= MIN_SUPPORT and failed / n >= MIN_HELD), key=lambda r: (-r.held, -r.support, r.fact))
+        kept, covered = [], set()
+        for rule in found:  # a rule that fires on exactly the calls a plainer one does says nothing more
+            where = frozenset(i for i, f in enumerate(found_facts) if calls[i].tool == tool and rule.fact in f)
+            if where not in covered:
+                kept.append(rule)
+                covered.add(where)
         if kept:
-            rules[tool] = sorted(kept, key=lambda r: (-r.held, -r.support, r.fact))[:MAX_RULES]
+            rules[tool] = kept[:MAX_RULES]
     unforeseen: dict[str, list[int]] = {}
     for call, found in zip(calls, found_facts):
         if not any(r.fact in found for r in rules.get(call.tool, [])):
@@ -157,7 +163,7 @@ def predicted(prediction: Prediction, request: RehearseRequest, rules: list[Stat
 @dataclass(frozen=True)
 class StatusTable(BoundRules):
     """Status rules by tool, each tool's bound to the (server, behaviour) it was learned on; the texts the
-    logged replies showed (for `unseen` facts) and the numbers they showed (for `(logged)` facts); and each
+    logged replies showed (for `unseen` facts) and the numbers they showed (for `(run or log)` facts); and each
     tool's unforeseen failures, bound likewise (for `calibrated`)."""
 
     known: frozenset[str] = frozenset()
