@@ -101,12 +101,12 @@ def learn(calls: Iterable[Any]) -> Learned:
     for tool, counts in sorted(tally.items()):
         found = sorted((StatusRule(fact, n, round(failed / n, 4)) for fact, (failed, n) in counts.items()
                         if n >= MIN_SUPPORT and failed / n >= MIN_HELD), key=lambda r: (-r.held, -r.support, r.fact))
-        kept, covered = [], set()
-        for rule in found:  # a rule that fires on exactly the calls a plainer one does says nothing more
+        kept, covered = [], []
+        for rule in found:  # one that fires only where a rule held as often already does says nothing more
             where = frozenset(i for i, f in enumerate(found_facts) if calls[i].tool == tool and rule.fact in f)
-            if where not in covered:
+            if not any(where <= other for other in covered):
                 kept.append(rule)
-                covered.add(where)
+                covered.append(where)
         if kept:
             rules[tool] = kept[:MAX_RULES]
     unforeseen: dict[str, list[int]] = {}

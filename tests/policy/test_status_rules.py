@@ -86,6 +86,13 @@ def test_a_fact_that_came_with_a_failure_in_nearly_every_logged_call_becomes_a_r
     assert {r.fact: (r.support, r.held) for r in rules["reserve"]} == {"unseen sku": (8, 1.0),
                                                                       "quantity > available": (8, 1.0)}
     # (`quantity > available (run or log)` fires on the very same calls, each run having listed the items: dropped)
+    blind = warehouse(5)
+    for r in range(3):  # runs that reserve without listing: the items' numbers are known from the other runs
+        blind += run(f"blind{r}", [("reserve", {"sku": "KT-1", "quantity": 9}, "Error: only 3", True),
+                                   ("reserve", {"sku": "KT-1", "quantity": 1}, {"id": f"B-{r}", "sku": "KT-1"}, False)])
+    assert {r.fact: r.support for r in learn(blind).rules["reserve"]} == {"quantity > available (run or log)": 8,
+                                                                        "unseen sku": 5}
+    # (`quantity > available`, the 5 listed runs' calls, fires only where the run-or-log rule does: dropped)
     assert "KT-1" in known and "XX-0" not in known  # texts of successful replies only
     assert learn(warehouse(MIN_SUPPORT - 1)).rules == {}  # too few calls to say
     calls = warehouse()
