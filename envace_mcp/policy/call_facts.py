@@ -97,9 +97,9 @@ def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
             elif isinstance(field_value, (int, float)):
                 out.update(f"{field_name(n)} > {key}" for n, x in numbers.items() if x > field_value)
         if logged is not None:
-            known = {**logged.numbers(keys, value),  # what this run showed is fresher
-                     **{k: v for k, v in state.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
-            for key, field_value in known.items():
+            best = {**logged.numbers(keys, value),  # what this run showed is fresher
+                    **{k: v for k, v in state.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+            for key, field_value in best.items():
                 if key in keys:
                     continue
                 out.update(f"{field_name(n)} > {key}{LOGGED}" for n, x in numbers.items() if x > field_value)

@@ -277,6 +277,9 @@ def test_a_number_the_log_showed_for_what_a_call_names_is_a_fact_learned_leave_o
                           ("list_rooms", {}, {"rooms": [{"id": "R-9", "seats": 2}]}, False)])
         assert "attendees > seats (run or log)" in facts(calls[1].request, logged=LoggedNumbers.of(calls).without("run0"))
         assert "attendees > seats (run or log)" not in facts(own[0].request, logged=LoggedNumbers.of(own).without("own"))
+        two = request({"room_id": "R-1", "date": "2026-12-07", "attendees": 6}, spec=specs["book"])
+        read = facts(two, known={"R-1", "2026-12-07"}, logged=LoggedNumbers.of(calls).without("run0"))
+        assert "unseen date" not in read and "attendees > seats (run or log)" in read  # each argument read alike
         learned = learn(calls + own)
         assert [r.words() for r in learned.rules["book"]] == ["attendees > seats (run or log) (failed in 100% of 6)"]
         assert sorted(map(tuple, learned.logged)) == [("id", "R-1", "seats", 4), ("id", "R-2", "seats", 12),
