@@ -133,8 +133,14 @@ class BoundRules:
         """The rules of `spec`'s tool, where they were learned on this very tool (server and schemas)."""
         if spec is None or spec.name not in self.tools:
             return []
-        (server, behaviour), rules = self.tools[spec.name]
-        return rules if (server or None, behaviour) == (spec.server or None, spec.behaviour) else []
+        identity, rules = self.tools[spec.name]
+        return rules if binds(identity, spec) else []
+
+
+def binds(identity: Identity, spec: Any) -> bool:
+    """Whether what was learned on `identity` (server, behaviour) applies to the tool `spec`."""
+    server, behaviour = identity
+    return (server or None, behaviour) == (spec.server or None, spec.behaviour)
 
 
 @dataclass(frozen=True)
@@ -190,11 +196,14 @@ def _set(obj: Any, path: str, value: Any) -> bool:
     return found
 
 
-def write_bound(path: Path, rules: dict[str, list[Any]], identities: dict[str, Identity], **extra: Any) -> Path:
-    """A rules file: each tool's rules (dataclasses) with the identity they were learned on, and `extra`."""
+def write_bound(path: Path, rules: dict[str, list[Any]], identities: dict[str, Identity],
+                per_tool: dict[str, dict[str, Any]] | None = None, **extra: Any) -> Path:
+    """A rules file: each tool's rules (dataclasses) with the identity they were learned on and its entry in
+    `per_tool`, and `extra`."""
     data = {"tools": {tool: {"server": identities.get(tool, (None, None))[0],
                              "behaviour": identities.get(tool, (None, None))[1],
-                             "rules": [asdict(r) for r in found]} for tool, found in rules.items()}, **extra}
+                             "rules": [asdict(r) for r in found], **(per_tool or {}).get(tool, {})}
+                      for tool, found in rules.items()}, **extra}
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return path
 

@@ -37,7 +37,7 @@ from envace_mcp.policy.call_facts import (
     facts,
     known_texts,
 )
-from envace_mcp.policy.copying import BoundRules, Identity, read_bound, write_bound
+from envace_mcp.policy.copying import BoundRules, Identity, binds, read_bound, write_bound
 from envace_mcp.policy.types import Prediction, RehearseRequest
 
 RULES_FILE = "status_rules.json"
@@ -179,8 +179,8 @@ class StatusTable(BoundRules):
         """(failed, calls) of `spec`'s tool where no rule foresaw a failure, if learned on this very tool."""
         if spec is None or spec.name not in self.unforeseen:
             return None
-        (server, behaviour), counts = self.unforeseen[spec.name]
-        return counts if (server or None, behaviour) == (spec.server or None, spec.behaviour) else None
+        identity, counts = self.unforeseen[spec.name]
+        return counts if binds(identity, spec) else None
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
         return predicted(prediction, request, self.for_tool(request.tool), self.known, self.logged,
@@ -190,14 +190,10 @@ class StatusTable(BoundRules):
 def write_rules(folder: str | Path, learned: Learned, identities: dict[str, Identity]) -> Path:
     """`status_rules.json` in `folder`: each tool's rules and unforeseen failures with the (server,
     behaviour) they were learned on, the known texts and the logged numbers."""
-    path = write_bound(Path(folder) / RULES_FILE, {t: learned.rules.get(t, []) for t in
-                                                   sorted({*learned.rules, *learned.unforeseen})},
-                       identities, known=learned.known, logged=learned.logged)
-    data = json.loads(path.read_text())
-    for tool, counts in learned.unforeseen.items():
-        data["tools"][tool]["unforeseen"] = list(counts)
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    return path
+    return write_bound(Path(folder) / RULES_FILE, {t: learned.rules.get(t, []) for t in
+                                                   sorted({*learned.rules, *learned.unforeseen})}, identities,
+                       {t: {"unforeseen": list(counts)} for t, counts in learned.unforeseen.items()},
+                       known=learned.known, logged=learned.logged)
 
 
 def read_rules(folder: str | Path | None) -> StatusTable | None:
