@@ -258,6 +258,10 @@ async def test_rules_learned_from_a_real_servers_log_foresee_its_failures_and_no
     table = StatusTable({tool: (identities[tool], found) for tool, found in rules.items()}, frozenset(known))
     said = [c for c in held if table.apply(Prediction(tool=c.tool, status="result"), c.request).ruled]
     assert len(said) >= 5 and all(c.failed for c in said), [(c.tool, c.failed) for c in said]
+    from envace_mcp.policy.copying import learn as learn_copies
+
+    listed = {r.field: r for r in learn_copies(train).get("list_items", [])}  # a listing echoes its category
+    assert listed["items[].category"].source == "argument" and listed["items[].category"].held >= 0.95
 
 
 def test_a_number_the_log_showed_for_what_a_call_names_is_a_fact_learned_leave_one_run_out(tmp_path):
