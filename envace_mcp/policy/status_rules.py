@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,11 @@ from envace_mcp.policy.types import Prediction, RehearseRequest
 RULES_FILE = "status_rules.json"
 MAX_BYTES = 8 << 20
 MIN_SUPPORT = 5
-"""Logged calls of a tool with the fact that a rule needs…"""
+"""Logged calls of a tool with the fact that a rule on a value needs (`status = "cancelled"`: a log shows one
+such fact per value a field takes, so by chance alone some come with a few failures)…"""
+MIN_RELATION_SUPPORT = 3
+"""…that a rule on how the call relates to its arguments and the run needs (`unseen room_id`, `quantity >
+available`, `after cancel with id`: a few per tool, so a few calls suffice)…"""
 MIN_HELD = 0.9
 """…and the share of them that failed."""
 MAX_RULES = 32
@@ -100,7 +105,7 @@ def learn(calls: Iterable[Any]) -> Learned:
     rules: dict[str, list[StatusRule]] = {}
     for tool, counts in sorted(tally.items()):
         found = sorted((StatusRule(fact, n, round(failed / n, 4)) for fact, (failed, n) in counts.items()
-                        if n >= MIN_SUPPORT and failed / n >= MIN_HELD), key=lambda r: (-r.held, -r.support, r.fact))
+                        if n >= support_needed(fact) and failed / n >= MIN_HELD), key=lambda r: (-r.held, -r.support, r.fact))
         kept, covered = [], []
         for rule in found:  # one that fires only where a rule held as often already does says nothing more
             where = frozenset(i for i, f in enumerate(found_facts) if calls[i].tool == tool and rule.fact in f)
@@ -118,6 +123,15 @@ def learn(calls: Iterable[Any]) -> Learned:
     every = [r for found in rules.values() for r in found]
     known_kept = sorted(runs_of) if use_known and any(r.fact.startswith("unseen ") for r in every) else []
     return Learned(rules, known_kept, logged.kept(r.fact for r in every), {t: (k, n) for t, (k, n) in sorted(unforeseen.items())})
+
+
+_VALUE_FACT = re.compile(r' = (?:true|false|".*")$')
+
+
+def support_needed(fact: str) -> int:
+    """Logged calls with `fact` a rule needs: `MIN_SUPPORT` where the fact names a value, else
+    `MIN_RELATION_SUPPORT`."""
+    return MIN_SUPPORT if _VALUE_FACT.search(fact) else MIN_RELATION_SUPPORT
 
 
 def calibrated(p_error: float, unforeseen: tuple[int, int] | None) -> float:
@@ -243,7 +257,7 @@ def _rule(data: Any) -> StatusRule | None:
         return None
     fact, support, held = data.get("fact"), data.get("support"), data.get("held")
     if not (isinstance(fact, str) and 0 < len(fact) <= 2 * MAX_TEXT
-            and isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
+            and isinstance(support, int) and not isinstance(support, bool) and support >= support_needed(fact)
             and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1):
         return None
     return StatusRule(fact, support, float(held))

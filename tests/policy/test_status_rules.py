@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from envace_mcp.policy.call_facts import LoggedNumbers
 from envace_mcp.policy.status_rules import (
+    MIN_RELATION_SUPPORT,
     MIN_SUPPORT,
     RULES_FILE,
     StatusRule,
@@ -94,10 +95,31 @@ def test_a_fact_that_came_with_a_failure_in_nearly_every_logged_call_becomes_a_r
                                                                         "unseen sku": 5}
     # (`quantity > available`, the 5 listed runs' calls, fires only where the run-or-log rule does: dropped)
     assert "KT-1" in known and "XX-0" not in known  # texts of successful replies only
-    assert learn(warehouse(MIN_SUPPORT - 1)).rules == {}  # too few calls to say
+    assert learn(warehouse(MIN_RELATION_SUPPORT - 1)).rules == {}  # too few calls to say
+    assert {r.fact for r in learn(warehouse(MIN_RELATION_SUPPORT)).rules["reserve"]} == {"unseen sku",
+                                                                                       "quantity > available"}
     calls = warehouse()
     calls[2].failed = False  # one of the eight over-reservations went through: 7 of 8 is under 90 %
     assert [r.fact for r in learn(calls).rules["reserve"]] == ["unseen sku"]
+
+
+def test_a_rule_on_a_value_needs_more_calls_than_one_on_how_the_call_relates_to_the_run():
+    """A log shows one `<field> = <value>` fact per value a field takes, so a few failures with one of them
+    can be chance (booking's `organizer = "Eli"`); `unseen`, `>` and `after` facts are a few per tool."""
+    def log(tea, over, mug=6):
+        calls = []
+        for r, (kind, quantity, failed) in enumerate([("tea", 1, True)] * tea + [("mug", 9, True)] * over
+                                                      + [("mug", 1, False)] * mug):
+            listing = {"items": [{"sku": "KT-1", "available": 3, "kind": kind}]}
+            calls += run(f"run{r}", [("list_items", {}, listing, False),
+                                     ("reserve", {"sku": "KT-1", "quantity": quantity},
+                                      "Error: no" if failed else {"id": f"R-{r}"}, failed)])
+        return calls
+    assert MIN_RELATION_SUPPORT < MIN_SUPPORT
+    ruled = {r.fact for r in learn(log(MIN_SUPPORT - 1, MIN_RELATION_SUPPORT)).rules["reserve"]}
+    assert ruled == {"quantity > available"}  # 3 calls relate a quantity to what the run showed: a rule
+    ruled = {r.fact for r in learn(log(MIN_SUPPORT, MIN_RELATION_SUPPORT - 1)).rules["reserve"]}
+    assert ruled == {'kind = "tea"'}  # 4 calls of a value say nothing, 5 do
 
 
 def test_an_sku_only_this_run_showed_is_unseen_when_learning_leave_one_run_out():
