@@ -100,6 +100,19 @@ def copy_split(real: Any, arguments: Any, earlier: Iterable[Any] = ()) -> dict[s
     return _split(guess, real, arguments, earlier)
 
 
+def misses(predicted: Any, real: Any, limit: int = 20, longest: int = 200) -> dict[str, list[str]]:
+    """The leaf fields of a successful real result a predicted result got wrong, by path: `absent` (the
+    prediction has no such field: a listing's element it left out) and `wrong` (another value); at most
+    `limit` of each, paths cut to `longest` characters. `predicted=None`: every field absent."""
+    guess = leaves(predicted) if predicted is not None else {}
+    out: dict[str, list[str]] = {"absent": [], "wrong": []}
+    for path, value in leaves(parsed_json(real)).items():
+        kind = "absent" if path not in guess else "wrong" if not same_value(guess[path], value) else None
+        if kind is not None and len(out[kind]) < limit:
+            out[kind].append(path[:longest])
+    return out
+
+
 def latest_values(earlier: Iterable[Any]) -> dict[str, Any]:
     """Each field name's latest value in a run's earlier replies (in the run's order: the latest wins)."""
     latest: dict[str, Any] = {}

@@ -23,6 +23,9 @@ and scores the real reply teacher-forced. Per tool and overall:
 - `unusable`: the share of rehearsals that could not be read; `unknown`: cut at the token budget before
   its status was decided; `cut`: cut after it (a result, its later fields unknown); `off_schema`: a result
   its output schema refuses where decoding does not check (a string's format or pattern);
+- per call (`calls`): its prediction and P(error), the fields copy rules set, the status rule that
+  decided it, the raw text of an unusable rehearsal, and the real reply's fields it got wrong (`absent`:
+  a listing's element it left out; `wrong`: another value; `fidelity.misses`);
 - `by_rule`: the calls whose failure a status rule predicted (`policy.status_rules`), and how many failed;
   `model_status_accuracy`: the status accuracy of the model's own predictions, before those rules.
 
@@ -38,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace_mcp.policy.fidelity import copy_split, field_split
+from envace_mcp.policy.fidelity import copy_split, field_split, misses
 from envace_mcp.policy.trust import THRESHOLDS, earned
 from envace_mcp.worldmodel.calls import Observed, logged_like, with_similar
 
@@ -79,6 +82,9 @@ class Scored:
     """The fact by which a status rule predicted its failure (`Prediction.ruled`)."""
     model_predicted: str = ""
     """What the model predicted before the status rules ("": the same as `predicted`)."""
+    missed: dict[str, list[str]] = field(default_factory=dict)
+    """The real reply's fields the predicted result got wrong, by path (`fidelity.misses`); empty where the
+    call failed."""
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -201,7 +207,8 @@ def report(scored: list[Scored], majority: dict[str, bool] | None = None) -> dic
     calls = [{"run": s.episode, "index": s.index, "tool": s.tool, "failed": s.failed, "predicted": s.predicted,
               "p_error": s.p_error, "code": s.code, "nll_per_token": s.nll / s.tokens if s.tokens else None,
               **({"text": s.text} if s.predicted == "invalid" else {}), **({"copied": s.copied} if s.copied else {}),
-              **({"ruled": s.ruled, "model_predicted": s.model_predicted} if s.ruled else {})}
+              **({"ruled": s.ruled, "model_predicted": s.model_predicted} if s.ruled else {}),
+              **{kind: paths for kind, paths in s.missed.items() if paths}}
              for s in scored]
     return {"overall": summarise(scored, majority), "tools": per_tool,
             "trust": {name: trust_entry(figures, {s.identity for s in tools[name]}) for name, figures in per_tool.items()},
@@ -243,10 +250,12 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
         predicted = prediction.status if prediction is not None else "invalid"
         fields: dict[str, int] = {}
         floor: dict[str, int] = {}
+        missed: dict[str, list[str]] = {}
         if not call.failed:
             guess = prediction.result if predicted == "result" else None
             fields = field_split(guess, call.value, call.request.call.arguments, call.earlier)
             floor = copy_split(call.value, call.request.call.arguments, call.earlier)
+            missed = misses(guess, call.value)
         # scored under the very prompt the rehearsal answered, closed as its template closes a tool turn
         target = encode(reply_target(call.result, generation.prompt_format, generation.turn_close)) + [end]
         logprobs = await asyncio.to_thread(functools.partial(policy.score, reuse_prefix=True),  # (its prompt is cached)
@@ -259,7 +268,7 @@ async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
                       None if nearest is None else bool(nearest and nearest[0].failed),
                       list(prediction.copied) if prediction is not None else [],
                       prediction.ruled if prediction is not None else None,
-                      own.status if own is not None and own.status != predicted else "")
+                      own.status if own is not None and own.status != predicted else "", missed)
 
     if rules is not None:
         policy.status_rules = None

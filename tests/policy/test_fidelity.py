@@ -1,5 +1,7 @@
+import json
+
 from envace_mcp.policy import Prediction
-from envace_mcp.policy.fidelity import compare, field_split, leaves
+from envace_mcp.policy.fidelity import compare, field_split, leaves, misses
 from envace_mcp.toolbox import ToolResult
 
 REAL = ToolResult(tool="get_balance", structured_content={"account_id": "CHK-1", "balance": 12.5, "tags": ["a", "b"]})
@@ -47,3 +49,14 @@ def test_field_split_tells_echoed_and_earlier_seen_fields_from_what_the_environm
     # no usable prediction (invalid, or an error predicted for a success) gets no field; JSON text is parsed
     assert field_split(None, '{"id": "CHK-1", "balance": 2}', {"account_id": "CHK-1"}) == \
         {"echoed": 1, "echoed_ok": 0, "seen": 0, "seen_ok": 0, "new": 1, "new_ok": 0}
+
+
+def test_misses_name_the_fields_a_prediction_left_out_apart_from_those_it_got_wrong():
+    real = '{"rooms": [{"id": "R-1", "seats": 4}, {"id": "R-2", "seats": 8}], "as_of": "09:00"}'
+    guess = {"rooms": [{"id": "R-1", "seats": 6}], "as_of": "09:00"}  # one room left out, one seat count wrong
+    assert misses(guess, real) == {"absent": ["rooms[1].id", "rooms[1].seats"], "wrong": ["rooms[0].seats"]}
+    assert misses(None, real)["absent"] == ["rooms[0].id", "rooms[0].seats", "rooms[1].id", "rooms[1].seats", "as_of"]
+    many = {"items": [{"name": "x" * 500}] * 50}
+    cut = misses({}, many)["absent"]
+    assert len(cut) == 20 and all(len(p) <= 200 for p in cut)  # bounded whatever the reply
+    assert misses(json.loads(real), real) == {"absent": [], "wrong": []}

@@ -5,7 +5,7 @@ import pytest
 
 from envace_mcp.policy.fidelity import copy_split
 from envace_mcp.policy.trust import earned
-from envace_mcp.worldmodel.measure import Scored, summarise, trust_entry, wilson
+from envace_mcp.worldmodel.measure import Scored, report, summarise, trust_entry, wilson
 
 
 def _calls():
@@ -24,6 +24,15 @@ def test_every_status_figure_stands_beside_the_trivial_predictors_on_the_same_ca
     assert figures["unknown"] == pytest.approx(0.1) and figures["unusable"] == 0.0
     assert summarise(_calls(), majority=None)["floors"]["majority"] is None  # training calls unknown: said, not guessed
     assert summarise(_calls(), majority={"reserve": True})["floors"]["majority"] == pytest.approx(0.2)
+
+
+def test_each_call_of_the_report_lists_the_fields_it_got_wrong_and_only_those():
+    rows = _calls()
+    rows[4].missed = {"absent": ["rooms[1].id"], "wrong": ["rooms[0].seats"]}
+    rows[5].missed = {"absent": [], "wrong": []}
+    calls = report(rows)["calls"]
+    assert (calls[4]["absent"], calls[4]["wrong"]) == (["rooms[1].id"], ["rooms[0].seats"])
+    assert not {"absent", "wrong"} & set(calls[5]) and not {"absent", "wrong"} & set(calls[0])
 
 
 def test_p_error_is_judged_by_its_reliability_and_by_what_stopping_on_it_would_catch():

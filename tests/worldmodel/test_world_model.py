@@ -127,6 +127,8 @@ def test_a_fit_measures_its_held_out_runs_tool_by_tool_and_writes_the_adapter_an
     assert report["tools"] and set(report["tools"]) <= catalog
     for figures in report["tools"].values():
         assert set(figures["field_accuracy"]) == {"echoed", "read", "computed"} and figures["nll_per_token"] > 0
+    listed = [c for c in report["calls"] if c.get("absent") or c.get("wrong")]
+    assert listed and not any(c["failed"] for c in listed)  # the tiny model's misses, on successful replies only
     assert (out / "report.png").stat().st_size > 10_000 and (out / "adapter_config.json").exists()
 
 
