@@ -227,9 +227,9 @@ def show(result: dict[str, Any], title: str) -> None:
     console.print(line)
     rules = result.get("copy_rules") or {}
     if rules:
-        console.print(f"copied by rule, not generated: {sum(map(len, rules.values()))} fields of {len(rules)} tools, "
-                      "each equal to an argument or an earlier value in ≥ 95 % of the training replies "
-                      "(report.json: copy_rules)")
+        console.print(f"copied by rule, not generated: {sum(map(len, rules.values()))} rules of {len(rules)} tools, "
+                      "each a field equal to an argument or an earlier value, or a whole reply equal to the logged "
+                      "reply to the same arguments, in ≥ 95 % of the training replies (report.json: copy_rules)")
     decided = result.get("status_rules")
     if decided:
         by_rule = overall.get("by_rule") or {}

@@ -10,6 +10,9 @@ wrote there; the rehearsal says which fields it copied (`Prediction.copied`).
     table = read_rules(folder)        # None where the folder has none (or it is unreadable)
     prediction = table.apply(prediction, request)
 
+A tool whose reply to the same arguments was the same in nearly every logged repeat (a room catalog, a
+configuration: `Stable`) is predicted as its logged reply to those arguments, where the log has one.
+
 Learned from successful replies only. A field inside a list is one field for every element (`items[].category`:
 each listed item's category, where a listing echoes the category it was asked for), counted once per element
 and set in every element the model predicted. A rule needs `MIN_SUPPORT` values of the field that had a
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,10 @@ MIN_HELD = 0.95
 MAX_BYTES = 1 << 20
 MAX_RULES = 64
 """Rules kept per tool (and read per tool from a file)."""
+MAX_REPLIES = 64
+"""Logged replies kept per stable tool (the most asked arguments first)…"""
+MAX_REPLY_BYTES = 16 << 10
+"""…each at most this long as JSON, and all of them under half of `MAX_BYTES`."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,59 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
     return rules
 
 
+@dataclass(frozen=True)
+class Stable:
+    """A tool whose successful reply to the same arguments equalled the latest logged one in `held` of the
+    `support` logged repeats; `replies`: the latest logged reply to each arguments (canonical JSON) kept."""
+
+    support: int
+    held: float
+    replies: dict[str, Any]
+
+    def reply(self, arguments: Any) -> Any:
+        """The logged reply to `arguments`, or None."""
+        return self.replies.get(_canonical(arguments)) if isinstance(arguments, dict) else None
+
+
+def learn_stable(calls: Iterable[Any]) -> dict[str, Stable]:
+    """The tools whose JSON-object replies to the same arguments repeated in `MIN_HELD` of at least
+    `MIN_SUPPORT` logged repeats (in log order), each with its latest logged replies (bounded)."""
+    latest: dict[str, dict[str, Any]] = {}
+    asked: dict[str, dict[str, int]] = {}
+    repeats: dict[str, list[int]] = {}
+    for call in calls:
+        reply = parsed_json(call.value)
+        arguments = call.request.call.arguments
+        if call.failed or not isinstance(reply, dict) or not isinstance(arguments, dict):
+            continue
+        key = _canonical(arguments)
+        replies = latest.setdefault(call.tool, {})
+        if key in replies:
+            seen = repeats.setdefault(call.tool, [0, 0])
+            seen[0] += replies[key] == reply
+            seen[1] += 1
+        replies[key] = reply
+        asked.setdefault(call.tool, {})[key] = asked.get(call.tool, {}).get(key, 0) + 1
+    out: dict[str, Stable] = {}
+    budget = MAX_BYTES // 2
+    for tool, (held, support) in sorted(repeats.items()):
+        if support < MIN_SUPPORT or held / support < MIN_HELD:
+            continue
+        kept: dict[str, Any] = {}
+        for key in sorted(asked[tool], key=lambda k: -asked[tool][k])[:MAX_REPLIES]:
+            size = len(json.dumps(latest[tool][key], ensure_ascii=False).encode()) + len(key.encode())
+            if size <= MAX_REPLY_BYTES and size <= budget:
+                kept[key] = latest[tool][key]
+                budget -= size
+        if kept:
+            out[tool] = Stable(support, round(held / support, 4), kept)
+    return out
+
+
+def _canonical(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
 def _rank(rule: CopyRule) -> tuple[float, bool, int, bool]:
     # the rule that held most often; then an argument (the call itself says it); then more support; then
     # an argument of the field's own name
@@ -148,19 +208,31 @@ class RuleTable(BoundRules):
     """Copy rules by tool, each tool's bound to the (server, behaviour) it was learned on."""
 
     source: str | None = None
+    stable: dict[str, tuple[Identity, Stable]] = field(default_factory=dict)
+    """Tools predicted as their logged reply to the same arguments, each bound to its identity."""
 
     def summary(self) -> dict[str, list[str]]:
         """Each tool's rules in words, as a report states them."""
-        return {tool: [f"{r.field} = {'argument' if r.source == 'argument' else 'latest earlier'} {r.name} "
-                       f"(held in {r.held:.0%} of {r.support})" for r in rules]
-                for tool, (_, rules) in sorted(self.tools.items())}
+        words = {tool: [f"{r.field} = {'argument' if r.source == 'argument' else 'latest earlier'} {r.name} "
+                        f"(held in {r.held:.0%} of {r.support})" for r in rules]
+                 for tool, (_, rules) in self.tools.items()}
+        for tool, (_, found) in self.stable.items():
+            words.setdefault(tool, []).insert(0, f"the whole reply = the logged reply to the same arguments "
+                                                 f"(held in {found.held:.0%} of {found.support} repeats; "
+                                                 f"{len(found.replies)} kept)")
+        return dict(sorted(words.items()))
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
         """`prediction` with its result's fields set by the rules of the rehearsed tool where their source has
         a value (a field is set only where its parent object was predicted); an error or an unreadable
         rehearsal, or a result that is not an object, is returned as it is."""
+        if prediction.status != "result" or not isinstance(prediction.result, dict):
+            return prediction
+        logged = self._logged_reply(request)
+        if logged is not None:
+            return prediction.model_copy(update={"result": json.loads(json.dumps(logged)), "copied": sorted(logged)})
         rules = self.for_tool(request.tool)
-        if not rules or prediction.status != "result" or not isinstance(prediction.result, dict):
+        if not rules:
             return prediction
         earlier = latest_values(content_text(m.content) for m in request.history if isinstance(m, ToolMessage))
         result, copied = json.loads(json.dumps(prediction.result)), []
@@ -171,6 +243,14 @@ class RuleTable(BoundRules):
         if not copied:
             return prediction
         return prediction.model_copy(update={"result": result, "copied": copied})
+
+
+    def _logged_reply(self, request: RehearseRequest) -> Any:
+        spec = request.tool
+        if spec is None or spec.name not in self.stable:
+            return None
+        identity, found = self.stable[spec.name]
+        return found.reply(request.call.arguments) if binds(identity, spec) else None
 
 
 def _set(obj: Any, path: str, value: Any) -> bool:
@@ -234,9 +314,16 @@ def read_bound(path: Path, max_bytes: int, max_rules: int, rule: Callable[[Any],
     return table, data
 
 
-def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities: dict[str, Identity]) -> Path:
-    """`copy_rules.json` in `folder`: each tool's rules with the (server, behaviour) they were learned on."""
-    return write_bound(Path(folder) / RULES_FILE, rules, identities)
+def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities: dict[str, Identity],
+                stable: dict[str, Stable] | None = None) -> Path:
+    """`copy_rules.json` in `folder`: each tool's rules, and its logged replies where it is `stable`, with the
+    (server, behaviour) they were learned on."""
+    stable = stable or {}
+    every = {tool: rules.get(tool, []) for tool in sorted({*rules, *stable})}
+    return write_bound(Path(folder) / RULES_FILE, every, identities,
+                       {tool: {"stable": {"support": s.support, "held": s.held,
+                                          "replies": [[json.loads(k), v] for k, v in s.replies.items()]}}
+                        for tool, s in stable.items()})
 
 
 def read_rules(folder: str | Path | None) -> RuleTable | None:
@@ -246,7 +333,29 @@ def read_rules(folder: str | Path | None) -> RuleTable | None:
         return None
     path = Path(folder) / RULES_FILE
     read = read_bound(path, MAX_BYTES, MAX_RULES, _rule)
-    return RuleTable(read[0], source=str(path)) if read is not None else None
+    if read is None:
+        return None
+    table, data = read
+    stable = {}
+    for tool, entry in data["tools"].items():
+        found = _stable(entry.get("stable")) if isinstance(tool, str) and isinstance(entry, dict) else None
+        server, behaviour = (entry.get("server"), entry.get("behaviour")) if found is not None else (None, None)
+        if found is not None and isinstance(server, (str, type(None))) and isinstance(behaviour, str):
+            stable[tool] = ((server, behaviour), found)
+    return RuleTable(table, source=str(path), stable=stable)
+
+
+def _stable(data: Any) -> Stable | None:
+    if not isinstance(data, dict):
+        return None
+    support, held, replies = data.get("support"), data.get("held"), data.get("replies")
+    if not (isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
+            and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1
+            and isinstance(replies, list)):
+        return None
+    kept = {_canonical(pair[0]): pair[1] for pair in replies[:MAX_REPLIES]
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict) and isinstance(pair[1], dict)}
+    return Stable(support, float(held), kept) if kept else None
 
 
 def _rule(data: Any) -> CopyRule | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envace_mcp.errors import UserError
-from envace_mcp.policy.copying import learn, write_rules
+from envace_mcp.policy.copying import learn, learn_stable, write_rules
 from envace_mcp.policy import status_rules
 from envace_mcp.policy.recall import CallLog
 from envace_mcp.worldmodel.calls import (
@@ -199,7 +199,7 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
         log.write(out)
     side = learned_from(calls, how["trained_runs"])
     identities = {c.tool: (c.spec.server or None, c.spec.behaviour) for c in side}
-    write_rules(out, learn(side), identities)
+    write_rules(out, learn(side), identities, learn_stable(side))
     status_rules.write_rules(out, status_rules.learn(side), identities)
     measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
                 "skipped_too_long": too_long, "recalls": len(log) if log is not None else 0, "unknown_tools": unknown, "failure_copies": failure_copies(train),

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from envace_mcp.policy.copying import MIN_SUPPORT, RULES_FILE, learn, read_rules, write_rules
+from envace_mcp.policy.copying import MIN_SUPPORT, RULES_FILE, learn, learn_stable, read_rules, write_rules
 from envace_mcp.policy.types import Prediction, RehearseRequest, ToolCall
 from envace_mcp.toolbox import ToolSpec
 
@@ -95,6 +95,44 @@ def test_a_rehearsal_takes_ruled_fields_from_the_call_and_the_run_and_says_which
     assert table.apply(guess, request({"sku": "OFF-7", "quantity": 2}, spec=changed)) == guess  # schemas changed
 
 
+ROOMS = ToolSpec.from_dict({"name": "list_rooms", "description": "the rooms", "server": "booking",
+                             "input_schema": {"type": "object"}})
+
+
+def catalog(n, *, changed=0):
+    """`n` listings of rooms, asked with one of two filters; the first `changed` repeats got another reply."""
+    calls = []
+    for i in range(n):
+        floor = i % 2 + 1
+        rooms = [{"id": f"R-{floor}0{k}", "seats": 4 + k, "floor": floor} for k in range(3)]
+        if 2 <= i < 2 + changed:
+            rooms = rooms[:1]
+        calls.append(observed("list_rooms", {"floor": floor}, {"rooms": rooms}))
+    return calls
+
+
+def test_a_tool_that_gave_the_same_reply_to_the_same_arguments_is_predicted_as_its_logged_reply(tmp_path):
+    stable = learn_stable(catalog(12))
+    assert list(stable) == ["list_rooms"] and (stable["list_rooms"].support, stable["list_rooms"].held) == (10, 1.0)
+    assert learn_stable(catalog(MIN_SUPPORT)) == {}  # 3 repeats: too few to say
+    assert learn_stable(catalog(12, changed=1)) == {}  # 9 of 10 repeats: under 95 %
+    assert learn_stable(reservations(20)) == {}  # no arguments asked twice
+    write_rules(tmp_path, {}, {"list_rooms": (ROOMS.server, ROOMS.behaviour)}, stable)
+    table = read_rules(tmp_path)
+    assert table.summary()["list_rooms"][0].startswith("the whole reply = the logged reply to the same arguments")
+    guess = Prediction(tool="list_rooms", status="result", text="{...}", result={"rooms": [{"id": "R-101", "seats": 9}]})
+    got = table.apply(guess, request({"floor": 1}, spec=ROOMS))
+    assert got.result == catalog(1)[0].value and got.copied == ["rooms"] and got.text == "{...}"
+    assert table.apply(guess, request({"floor": 3}, spec=ROOMS)) == guess  # never asked: the model's own
+    error = Prediction(tool="list_rooms", status="tool_error", code="EXECUTION_ERROR", message="down")
+    assert table.apply(error, request({"floor": 1}, spec=ROOMS)) == error  # never turns a failure into a reply
+    moved = ToolSpec.from_dict({"name": "list_rooms", "description": "the rooms", "server": "other",
+                                "input_schema": {"type": "object"}})
+    assert table.apply(guess, request({"floor": 1}, spec=moved)) == guess  # another server's tool
+    got.result["rooms"].clear()
+    assert table.apply(guess, request({"floor": 1}, spec=ROOMS)).result["rooms"]  # each prediction its own copy
+
+
 def test_a_rules_file_is_untrusted_input(tmp_path):
     assert read_rules(tmp_path) is None
     path = tmp_path / RULES_FILE
@@ -115,6 +153,15 @@ def test_a_rules_file_is_untrusted_input(tmp_path):
     deep = "[" * 100_000 + "]" * 100_000
     path.write_text(deep)
     assert read_rules(tmp_path) is None
+    replies = [[{"floor": 1}, {"rooms": []}], [{"floor": 2}, "text"], ["floor", {}], [{"floor": 3}], None]
+    stable = {"support": 10, "held": 1.0, "replies": replies}
+    path.write_text(json.dumps({"tools": {
+        "list_rooms": {"server": "booking", "behaviour": ROOMS.behaviour, "rules": [], "stable": stable},
+        "weak": {"server": "booking", "behaviour": "x", "rules": [], "stable": {**stable, "held": 0.5}},
+        "few": {"server": "booking", "behaviour": "x", "rules": [], "stable": {**stable, "support": 2}},
+        "unbound": {"server": "booking", "rules": [], "stable": stable}}}))
+    table = read_rules(tmp_path)
+    assert list(table.stable) == ["list_rooms"] and table.stable["list_rooms"][1].replies == {'{"floor": 1}': {"rooms": []}}
 
 
 async def test_a_policy_carrying_rules_applies_them_to_its_own_rehearsals(tiny_qwen3_dir, bank_catalog):
