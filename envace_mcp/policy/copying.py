@@ -224,16 +224,20 @@ class RuleTable(BoundRules):
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
         """`prediction` with its result's fields set by the rules of the rehearsed tool where their source has
-        a value (a field is set only where its parent object was predicted); an error or an unreadable
-        rehearsal, or a result that is not an object, is returned as it is."""
+        a value (a field is set only where its parent object was predicted; a result cut at its budget before
+        anything of it parsed counts as an empty object); an error or an unreadable rehearsal, or a result
+        that is not an object, is returned as it is."""
+        given = prediction
+        if prediction.status == "result" and prediction.partial and prediction.result is None:
+            prediction = prediction.model_copy(update={"result": {}})
         if prediction.status != "result" or not isinstance(prediction.result, dict):
-            return prediction
+            return given
         logged = self._logged_reply(request)
         if logged is not None:
             return prediction.model_copy(update={"result": json.loads(json.dumps(logged)), "copied": sorted(logged)})
         rules = self.for_tool(request.tool)
         if not rules:
-            return prediction
+            return given
         earlier = latest_values(content_text(m.content) for m in request.history if isinstance(m, ToolMessage))
         result, copied = json.loads(json.dumps(prediction.result)), []
         for rule in rules:
@@ -241,7 +245,7 @@ class RuleTable(BoundRules):
             if found and _set(result, rule.field, value):
                 copied.append(rule.field)
         if not copied:
-            return prediction
+            return given
         return prediction.model_copy(update={"result": result, "copied": copied})
 
 

@@ -83,6 +83,11 @@ def test_a_rehearsal_takes_ruled_fields_from_the_call_and_the_run_and_says_which
     assert got.result == {"id": "RSV-1", "sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray", "total": 19.0}
     assert sorted(got.copied) == ["item_name", "quantity", "sku"] and got.text == "{...}"  # what it wrote is kept
     assert guess.result["sku"] == "OFF-1"  # a copy: the model's own prediction is not changed in place
+    cut = Prediction(tool="reserve", status="result", code="CUT", partial=True, result=None, text='{"id": "RS')
+    filled = table.apply(cut, request({"sku": "OFF-7", "quantity": 2, "customer": "Hana"}, history))
+    assert filled.result == {"sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray"} and filled.partial  # cut, as known
+    assert table.apply(cut, request({"customer": "Hana"})) == cut  # nothing to copy: as it was
+    assert table.apply(cut.model_copy(update={"partial": False}), request({"sku": "OFF-7"})).result is None
     no_source = table.apply(guess, request({"quantity": 2}))  # no sku given, nothing read earlier
     assert no_source.result["sku"] == "OFF-1" and no_source.copied == ["quantity"]
     error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="out of stock")
