@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,7 +139,7 @@ def learn_stable(calls: Iterable[Any]) -> dict[str, Stable]:
     """The tools whose JSON-object replies to the same arguments repeated in `MIN_HELD` of at least
     `MIN_SUPPORT` logged repeats (in log order), each with its latest logged replies (bounded)."""
     latest: dict[str, dict[str, Any]] = {}
-    asked: dict[str, dict[str, int]] = {}
+    asked: dict[str, Counter[str]] = defaultdict(Counter)
     repeats: dict[str, list[int]] = {}
     for call in calls:
         reply = parsed_json(call.value)
@@ -152,14 +153,14 @@ def learn_stable(calls: Iterable[Any]) -> dict[str, Stable]:
             seen[0] += replies[key] == reply
             seen[1] += 1
         replies[key] = reply
-        asked.setdefault(call.tool, {})[key] = asked.get(call.tool, {}).get(key, 0) + 1
+        asked[call.tool][key] += 1
     out: dict[str, Stable] = {}
     budget = MAX_BYTES // 2
     for tool, (held, support) in sorted(repeats.items()):
         if support < MIN_SUPPORT or held / support < MIN_HELD:
             continue
         kept: dict[str, Any] = {}
-        for key in sorted(asked[tool], key=lambda k: -asked[tool][k])[:MAX_REPLIES]:
+        for key, _ in asked[tool].most_common(MAX_REPLIES):
             size = len(json.dumps(latest[tool][key], ensure_ascii=False).encode()) + len(key.encode())
             if size <= MAX_REPLY_BYTES and size <= budget:
                 kept[key] = latest[tool][key]
@@ -191,16 +192,22 @@ class BoundRules:
 
     def for_tool(self, spec: Any) -> list[Any]:
         """The rules of `spec`'s tool, where they were learned on this very tool (server and schemas)."""
-        if spec is None or spec.name not in self.tools:
-            return []
-        identity, rules = self.tools[spec.name]
-        return rules if binds(identity, spec) else []
+        return bound(self.tools, spec) or []
 
 
 def binds(identity: Identity, spec: Any) -> bool:
     """Whether what was learned on `identity` (server, behaviour) applies to the tool `spec`."""
     server, behaviour = identity
     return (server or None, behaviour) == (spec.server or None, spec.behaviour)
+
+
+def bound(entries: dict[str, tuple[Identity, Any]], spec: Any) -> Any:
+    """`spec`'s tool's entry in `entries` (tool -> (identity, entry)), where it was learned on this very tool;
+    else None."""
+    if spec is None or spec.name not in entries:
+        return None
+    identity, entry = entries[spec.name]
+    return entry if binds(identity, spec) else None
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,8 @@ class RuleTable(BoundRules):
             prediction = prediction.model_copy(update={"result": {}})
         if prediction.status != "result" or not isinstance(prediction.result, dict):
             return given
-        logged = self._logged_reply(request)
+        found = bound(self.stable, request.tool)
+        logged = found.reply(request.call.arguments) if found is not None else None
         if logged is not None:
             return prediction.model_copy(update={"result": json.loads(json.dumps(logged)), "copied": sorted(logged)})
         rules = self.for_tool(request.tool)
@@ -247,14 +255,6 @@ class RuleTable(BoundRules):
         if not copied:
             return given
         return prediction.model_copy(update={"result": result, "copied": copied})
-
-
-    def _logged_reply(self, request: RehearseRequest) -> Any:
-        spec = request.tool
-        if spec is None or spec.name not in self.stable:
-            return None
-        identity, found = self.stable[spec.name]
-        return found.reply(request.call.arguments) if binds(identity, spec) else None
 
 
 def _set(obj: Any, path: str, value: Any) -> bool:
@@ -318,6 +318,19 @@ def read_bound(path: Path, max_bytes: int, max_rules: int, rule: Callable[[Any],
     return table, data
 
 
+def read_extra(tools: dict[Any, Any], key: str, parse: Callable[[Any], Any]) -> dict[str, tuple[Identity, Any]]:
+    """Each tool's extra entry `key` of a rules file's `tools` (`write_bound`'s `per_tool`), read by `parse`
+    (None: not well formed, dropped), with the identity it was learned on; a tool bound to none gets none."""
+    out: dict[str, tuple[Identity, Any]] = {}
+    for tool, entry in tools.items():
+        if not isinstance(tool, str) or not isinstance(entry, dict):
+            continue
+        value, server, behaviour = parse(entry.get(key)), entry.get("server"), entry.get("behaviour")
+        if value is not None and isinstance(server, (str, type(None))) and isinstance(behaviour, str):
+            out[tool] = ((server, behaviour), value)
+    return out
+
+
 def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities: dict[str, Identity],
                 stable: dict[str, Stable] | None = None) -> Path:
     """`copy_rules.json` in `folder`: each tool's rules, and its logged replies where it is `stable`, with the
@@ -340,13 +353,7 @@ def read_rules(folder: str | Path | None) -> RuleTable | None:
     if read is None:
         return None
     table, data = read
-    stable = {}
-    for tool, entry in data["tools"].items():
-        found = _stable(entry.get("stable")) if isinstance(tool, str) and isinstance(entry, dict) else None
-        server, behaviour = (entry.get("server"), entry.get("behaviour")) if found is not None else (None, None)
-        if found is not None and isinstance(server, (str, type(None))) and isinstance(behaviour, str):
-            stable[tool] = ((server, behaviour), found)
-    return RuleTable(table, source=str(path), stable=stable)
+    return RuleTable(table, source=str(path), stable=read_extra(data["tools"], "stable", _stable))
 
 
 def _stable(data: Any) -> Stable | None:

@@ -38,7 +38,7 @@ from envace_mcp.policy.call_facts import (
     facts,
     known_texts,
 )
-from envace_mcp.policy.copying import BoundRules, Identity, binds, read_bound, write_bound
+from envace_mcp.policy.copying import BoundRules, Identity, bound, read_bound, read_extra, write_bound
 from envace_mcp.policy.types import Prediction, RehearseRequest
 
 RULES_FILE = "status_rules.json"
@@ -191,10 +191,7 @@ class StatusTable(BoundRules):
 
     def unforeseen_of(self, spec: Any) -> tuple[int, int] | None:
         """(failed, calls) of `spec`'s tool where no rule foresaw a failure, if learned on this very tool."""
-        if spec is None or spec.name not in self.unforeseen:
-            return None
-        identity, counts = self.unforeseen[spec.name]
-        return counts if binds(identity, spec) else None
+        return bound(self.unforeseen, spec)
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
         return predicted(prediction, request, self.for_tool(request.tool), self.known, self.logged,
@@ -224,7 +221,7 @@ def read_rules(folder: str | Path | None) -> StatusTable | None:
     known = data.get("known")
     texts = frozenset(t for t in known[:MAX_KNOWN] if isinstance(t, str)) if isinstance(known, list) else frozenset()
     return StatusTable(table, texts, source=str(path), logged=logged_numbers(data.get("logged")),
-                       unforeseen=_unforeseen(data["tools"]))
+                       unforeseen=read_extra(data["tools"], "unforeseen", _counts))
 
 
 def logged_numbers(entries: Any) -> LoggedNumbers | None:
@@ -240,16 +237,11 @@ def logged_numbers(entries: Any) -> LoggedNumbers | None:
     return LoggedNumbers(shown)
 
 
-def _unforeseen(tools: dict[Any, Any]) -> dict[str, tuple[Identity, tuple[int, int]]]:
-    out: dict[str, tuple[Identity, tuple[int, int]]] = {}
-    for tool, entry in tools.items():
-        counts = entry.get("unforeseen") if isinstance(entry, dict) else None
-        server, behaviour = (entry.get("server"), entry.get("behaviour")) if isinstance(entry, dict) else (None, None)
-        if (isinstance(tool, str) and isinstance(counts, list) and len(counts) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in counts) and 0 <= counts[0] <= counts[1]
-                and isinstance(server, (str, type(None))) and isinstance(behaviour, str)):
-            out[tool] = ((server, behaviour), (counts[0], counts[1]))
-    return out
+def _counts(counts: Any) -> tuple[int, int] | None:
+    if (isinstance(counts, list) and len(counts) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in counts) and 0 <= counts[0] <= counts[1]):
+        return counts[0], counts[1]
+    return None
 
 
 def _rule(data: Any) -> StatusRule | None:
