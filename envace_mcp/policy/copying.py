@@ -14,8 +14,8 @@ A tool whose reply to the same arguments was the same in nearly every logged rep
 configuration: `Stable`) is predicted as its logged reply to those arguments, where the log has one.
 
 Learned from successful replies only. A field inside a list is one field for every element (`items[].category`:
-each listed item's category, where a listing echoes the category it was asked for), counted once per element
-and set in every element the model predicted. A rule needs `MIN_SUPPORT` values of the field that had a
+each listed item's category, where a listing echoes the category it was asked for; `[].origin` where the
+reply itself is a list), counted once per element and set in every element the model predicted. A rule needs `MIN_SUPPORT` values of the field that had a
 source, and to hold in `MIN_HELD` of them. The file is read as untrusted input: bounded, and
 a rule that is not well formed is dropped; a tool whose server or schemas differ from the ones the rules were
 learned on gets none (`ToolSpec.behaviour`).
@@ -84,7 +84,7 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
         if call.failed:
             continue
         reply = parsed_json(call.value)
-        if not isinstance(reply, dict):
+        if not isinstance(reply, (dict, list)):
             continue
         arguments = call.request.call.arguments
         given = {p: v for p, v in leaves(arguments).items() if "[" not in p} if isinstance(arguments, dict) else {}
@@ -136,7 +136,7 @@ class Stable:
 
 
 def learn_stable(calls: Iterable[Any]) -> dict[str, Stable]:
-    """The tools whose JSON-object replies to the same arguments repeated in `MIN_HELD` of at least
+    """The tools whose JSON replies (objects or lists) to the same arguments repeated in `MIN_HELD` of at least
     `MIN_SUPPORT` logged repeats (in log order), each with its latest logged replies (bounded)."""
     latest: dict[str, dict[str, Any]] = {}
     asked: dict[str, Counter[str]] = defaultdict(Counter)
@@ -144,7 +144,7 @@ def learn_stable(calls: Iterable[Any]) -> dict[str, Stable]:
     for call in calls:
         reply = parsed_json(call.value)
         arguments = call.request.call.arguments
-        if call.failed or not isinstance(reply, dict) or not isinstance(arguments, dict):
+        if call.failed or not isinstance(reply, (dict, list)) or not isinstance(arguments, dict):
             continue
         key = _canonical(arguments)
         replies = latest.setdefault(call.tool, {})
@@ -233,16 +233,17 @@ class RuleTable(BoundRules):
         """`prediction` with its result's fields set by the rules of the rehearsed tool where their source has
         a value (a field is set only where its parent object was predicted; a result cut at its budget before
         anything of it parsed counts as an empty object); an error or an unreadable rehearsal, or a result
-        that is not an object, is returned as it is."""
+        that is neither an object nor a list, is returned as it is."""
         given = prediction
         if prediction.status == "result" and prediction.partial and prediction.result is None:
             prediction = prediction.model_copy(update={"result": {}})
-        if prediction.status != "result" or not isinstance(prediction.result, dict):
+        if prediction.status != "result" or not isinstance(prediction.result, (dict, list)):
             return given
         found = bound(self.stable, request.tool)
         logged = found.reply(request.call.arguments) if found is not None else None
         if logged is not None:
-            return prediction.model_copy(update={"result": json.loads(json.dumps(logged)), "copied": sorted(logged)})
+            copied = sorted(logged) if isinstance(logged, dict) else ["[]"]  # a list: the whole of it
+            return prediction.model_copy(update={"result": json.loads(json.dumps(logged)), "copied": copied})
         rules = self.for_tool(request.tool)
         if not rules:
             return given
@@ -258,24 +259,22 @@ class RuleTable(BoundRules):
 
 
 def _set(obj: Any, path: str, value: Any) -> bool:
-    """Set `path` (its `[]` parts: in every element of that list) where its parent objects were predicted;
-    whether anything was set."""
+    """Set `path` (its `[]` parts: in every element of that list; a leading `[]`: in every element of a
+    reply that is a list) where its parent objects were predicted; whether anything was set."""
     part, _, rest = path.partition(".")
-    each = part.endswith("[]")
-    name = part[:-2] if each else part
-    if not isinstance(obj, dict) or (rest or each) and name not in obj:
-        return False
-    if not rest and not each:
-        obj[name] = value
-        return True
-    if not each:
-        return _set(obj[name], rest, value)
-    if not isinstance(obj[name], list):
-        return False
-    if not rest:
-        return False  # a list of plain values: which element is which, no rule says
+    if not part.endswith("[]"):
+        if not isinstance(obj, dict) or rest and part not in obj:
+            return False
+        if not rest:
+            obj[part] = value
+            return True
+        return _set(obj[part], rest, value)
+    name = part[:-2]
+    items = obj if not name else obj.get(name) if isinstance(obj, dict) else None
+    if not isinstance(items, list) or not rest:
+        return False  # no such list predicted; or a list of plain values: which element is which, no rule says
     found = False
-    for item in obj[name]:
+    for item in items:
         found = _set(item, rest, value) or found
     return found
 
@@ -365,7 +364,7 @@ def _stable(data: Any) -> Stable | None:
             and isinstance(replies, list)):
         return None
     kept = {_canonical(pair[0]): pair[1] for pair in replies[:MAX_REPLIES]
-            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict) and isinstance(pair[1], dict)}
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict) and isinstance(pair[1], (dict, list))}
     return Stable(support, float(held), kept) if kept else None
 
 

@@ -66,6 +66,31 @@ def test_a_field_of_every_listed_element_is_one_field_and_a_rule_sets_it_in_each
     assert read_rules(tmp_path).apply(flat, request({"category": "mugs"}, spec=spec)) == flat  # no list predicted
 
 
+def test_a_reply_that_is_itself_a_list_gets_its_rules_and_its_logged_reply(tmp_path):
+    """τ²-airline's `search_direct_flight` replies with a bare list of flights, each echoing the origin and
+    destination asked: one rule `[].origin`, set in every flight predicted; a catalog replied as a bare list
+    is a logged reply like any other."""
+    flights = [observed("search", {"origin": o, "destination": "MCO"}, [
+        {"flight": f"HAT{i}", "origin": o, "destination": "MCO", "seats": i} for i in range(3)]) for o in ("JFK", "BOS")]
+    rules = {r.field: r for r in learn(flights)["search"]}
+    assert (rules["[].origin"].source, rules["[].origin"].name, rules["[].origin"].support) == ("argument", "origin", 6)
+    assert rules["[].destination"].name == "destination" and "[].flight" not in rules and "[].seats" not in rules
+    spec = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "airline",
+                               "input_schema": {"type": "object"}})
+    write_rules(tmp_path, learn(flights), {"search": (spec.server, spec.behaviour)})
+    guess = Prediction(tool="search", status="result", result=[{"flight": "HAT9", "origin": "LAX"}, {"flight": "HAT8"}, 7])
+    got = read_rules(tmp_path).apply(guess, request({"origin": "JFK", "destination": "MCO"}, spec=spec))
+    assert got.result == [{"flight": "HAT9", "origin": "JFK", "destination": "MCO"},
+                          {"flight": "HAT8", "origin": "JFK", "destination": "MCO"}, 7]
+    assert got.copied == ["[].destination", "[].origin"] and guess.result[0]["origin"] == "LAX"
+    assert read_rules(tmp_path).apply(guess.model_copy(update={"result": {"flights": []}}),
+                                      request({"origin": "JFK"}, spec=spec)).copied == []  # no list predicted
+    repeats = [observed("search", {"origin": "JFK"}, [{"flight": "HAT1"}, {"flight": "HAT2"}])] * 6
+    write_rules(tmp_path, {}, {"search": (spec.server, spec.behaviour)}, learn_stable(repeats))
+    logged = read_rules(tmp_path).apply(guess, request({"origin": "JFK"}, spec=spec))
+    assert logged.result == [{"flight": "HAT1"}, {"flight": "HAT2"}] and logged.copied == ["[]"]
+
+
 def request(arguments, history=(), spec=SPEC):
     return RehearseRequest(call=ToolCall(id="c1", name="reserve", arguments=arguments), tool=spec, allowed=[spec],
                            history=list(history))
