@@ -15,10 +15,10 @@ configuration: `Stable`) is predicted as its logged reply to those arguments, wh
 
 Learned from successful replies only. A field inside a list is one field for every element (`items[].category`:
 each listed item's category, where a listing echoes the category it was asked for; `[].origin` where the
-reply itself is a list), counted once per element and set in every element the model predicted. A rule needs `MIN_SUPPORT` values of the field that had a
-source, and to hold in `MIN_HELD` of them. The file is read as untrusted input: bounded, and
-a rule that is not well formed is dropped; a tool whose server or schemas differ from the ones the rules were
-learned on gets none (`ToolSpec.behaviour`).
+reply itself is a list), counted once per element and set in every element the model predicted. A rule
+needs `MIN_SUPPORT` values of the field that had a source, and to hold in `MIN_HELD` of them. The file is
+read as untrusted input: bounded, and a rule that is not well formed is dropped; a tool whose server or
+schemas differ from the ones the rules were learned on gets none (`ToolSpec.behaviour`).
 """
 
 from __future__ import annotations
@@ -364,7 +364,8 @@ def _stable(data: Any) -> Stable | None:
             and isinstance(replies, list)):
         return None
     kept = {_canonical(pair[0]): pair[1] for pair in replies[:MAX_REPLIES]
-            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict) and isinstance(pair[1], (dict, list))}
+            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict)
+            and isinstance(pair[1], (dict, list))}
     return Stable(support, float(held), kept) if kept else None
 
 
