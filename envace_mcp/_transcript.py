@@ -13,7 +13,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from envace_mcp._terminal import call_display, call_lines, discard_typed_ahead, safe, visible
-from envace_mcp.graph.memory import shorten
+from envace_mcp.graph.memory import shorten, summarize
 
 _DECISION_STYLE = {"execute": "green", "simulate": "cyan", "feedback": "yellow", "block": "red", "reject": "red",
                    "budget": "red", "ask": "magenta", "rejected_by_human": "red"}
@@ -272,8 +272,6 @@ def _typed(text: str, field: Any) -> Any:
 
 def print_summary(console: Console, records: list[dict[str, Any]], score: float | None = None) -> None:
     """The closing lines of `envace demo` / `envace run`: what happened to every proposed call."""
-    from envace_mcp.graph.memory import summarize
-
     s = summarize(records)
     stopped = sum(s["stopped"].values())
     by_reason = ", ".join(f"{n} {kind}" for kind, n in sorted(s["stopped"].items()))

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from envace_mcp.envs import get_suite
 from envace_mcp.errors import UserError
+from envace_mcp.policy import prompts
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.function import FunctionPolicy, Scripted, TextPolicy
 from envace_mcp.policy.types import (
@@ -109,9 +111,6 @@ QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_cal
 
 def _corpus() -> list[str]:
     import json
-
-    from envace_mcp.envs import get_suite
-    from envace_mcp.policy import prompts
 
     texts = [prompts.ACT_SYSTEM, prompts.SIMULATOR_SYSTEM, prompts.CRITIC_SYSTEM, prompts.TOOLS_BLOCK_HEAD,
              prompts.TOOLS_BLOCK_TAIL, "<execution_result></execution_result>", "0123456789.,:;{}[]\"'"]

@@ -21,16 +21,31 @@ import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
 from pydantic import Field, field_validator
 
-from envace_mcp.config import Settings, build, parse_text, settings_text
+from envace_mcp._files import open_append, write_atomic
+from envace_mcp._redact import redact
+from envace_mcp.config import Settings, build, differences, parse_text, settings_text
+from envace_mcp.envs.reference import reference_roles
+from envace_mcp.envs.runner import run_task
 from envace_mcp.errors import UserError
 from envace_mcp.eval.metrics import run_record, summarize
+from envace_mcp.eval.report import markdown, plot
 from envace_mcp.graph.gate import UNATTENDED, GateConfig, RunLimits, adapter_gate, gate_settings
-from envace_mcp.policy.types import REHEARSE_MAX_NEW_TOKENS
+from envace_mcp.policy import SamplingParams, load_policy
+from envace_mcp.policy.embedded import default_adapter
+from envace_mcp.policy.function import FunctionPolicy
+from envace_mcp.policy.types import REHEARSE_MAX_NEW_TOKENS, role_sampling
+from envace_mcp.toolbox import Toolbox
+from envace_mcp.traces import TraceStore
+
+if TYPE_CHECKING:
+    from envace_mcp.envs.suites import TaskSuite
+    from envace_mcp.envs.task import Task
+    from envace_mcp.policy.base import Policy
 
 
 
@@ -96,8 +111,6 @@ class EvalConfig(Settings):
         """The adapter the model runs with (`default_adapter`); None for the reference and noop policies."""
         if self.policy != "model":
             return None
-        from envace_mcp.policy.embedded import default_adapter
-
         return default_adapter(self.model, self.adapter)
 
     def gate_config(self) -> GateConfig:
@@ -117,8 +130,6 @@ class EvalConfig(Settings):
         return build(EvalConfig, self.model_dump(), given, where="--compare")
 
     def label(self) -> str:
-        from envace_mcp._redact import redact
-
         parts = [self.policy if self.policy != "model" else redact(self.model or "embedded")]
         folder = self.adapter_folder()
         if folder:
@@ -147,34 +158,24 @@ JOURNAL = "runs.jsonl"
 record}` line per finished run."""
 
 
-def select_tasks(suite: Any, settings: EvalConfig) -> list[Any]:
+def select_tasks(suite: TaskSuite, settings: EvalConfig) -> list[Task]:
     tasks = [suite.task(t) for t in settings.tasks] if settings.tasks else suite.split(settings.split)
     return tasks[: settings.limit] if settings.limit else tasks
 
 
-def make_policy(settings: EvalConfig, suite: Any, task: Any, base: Any) -> Any:
+def make_policy(settings: EvalConfig, suite: TaskSuite, task: Task, base: Policy | None) -> Policy | None:
     """The policy for one run: the loaded model, or the task's reference solution."""
     if settings.policy == "reference":
-        from envace_mcp.envs.reference import reference_roles
-        from envace_mcp.policy.function import FunctionPolicy
-
         return FunctionPolicy(**reference_roles(suite, task))
     if settings.policy == "noop":
-        from envace_mcp.policy.function import FunctionPolicy
-
         return FunctionPolicy(act=lambda request: "I cannot help with that.")
     return base
 
 
-async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, out: Path, policy: Any = None,
+async def evaluate(suite: TaskSuite, tasks: Sequence[Task], settings: EvalConfig, *, out: Path,
+                   policy: Policy | None = None,
                    on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run every task `settings.repeats` times; write results.json / .md / .png and traces under `out`."""
-    from envace_mcp.envs.runner import run_task
-    from envace_mcp.policy import SamplingParams
-    from envace_mcp.policy.types import role_sampling
-    from envace_mcp.toolbox import Toolbox
-    from envace_mcp.traces import TraceStore
-
     gate = settings.gate_config()  # a bad one writes nothing
     done = finished_runs(out, settings)
     out.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,7 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
         async with (Toolbox(servers) if servers else nullcontext()) as toolbox:  # BFCL's AST suites: no server
             limiter = anyio.Semaphore(max(1, settings.concurrency))
 
-            async def one(task: Any, repeat: int) -> None:
+            async def one(task: Task, repeat: int) -> None:
                 async with limiter:
                     try:
                         chosen = make_policy(settings, suite, task, policy)
@@ -239,10 +240,8 @@ async def evaluate(suite: Any, tasks: Sequence[Any], settings: EvalConfig, *, ou
     return results
 
 
-def load_model_policy(settings: EvalConfig) -> Any:
+def load_model_policy(settings: EvalConfig) -> Policy:
     """The policy `settings` evaluate (`policy="model"`), loaded as every entry point loads one."""
-    from envace_mcp.policy import load_policy
-
     return load_policy(settings.model, adapter=settings.adapter_folder(), rehearse_adapter=settings.rehearse_adapter,
                        unmeasured=settings.unmeasured_world_model, constrain_calls=settings.constrain_calls,
                        batch_invariant=settings.batch_invariant)
@@ -250,8 +249,6 @@ def load_model_policy(settings: EvalConfig) -> Any:
 
 def _shown(settings: EvalConfig) -> dict[str, Any]:
     """The settings as files record them: a model's address keeps no credentials (`_redact`)."""
-    from envace_mcp._redact import redact
-
     values = settings.model_dump(mode="json")
     if values["model"]:
         values["model"] = redact(values["model"])
@@ -280,8 +277,6 @@ def finished_runs(out: Path, settings: EvalConfig) -> dict[tuple[str, int], dict
     if not isinstance(head, dict) or not isinstance(head.get("settings"), dict):
         raise UserError(f"{path}: not an evaluation journal (its first line names no configuration); "
                         "use another --out")
-    from envace_mcp.config import differences
-
     differ = differences(head["settings"], _settings_key(settings))
     if differ:
         shown = "; ".join(differ[:3]) + (f"; and {len(differ) - 3} more" if len(differ) > 3 else "")
@@ -303,8 +298,6 @@ def finished_runs(out: Path, settings: EvalConfig) -> dict[tuple[str, int], dict
 
 def _open_journal(out: Path, settings: EvalConfig) -> Any:
     """`runs.jsonl` to append to, never through a link planted there (`_files.open_append`)."""
-    from envace_mcp._files import open_append, write_atomic
-
     path = out / JOURNAL
     text = path.read_text() if path.exists() else ""
     if text.strip():
@@ -317,7 +310,7 @@ def _open_journal(out: Path, settings: EvalConfig) -> Any:
     return journal
 
 
-def failed_record(task: Any, repeat: int, exc: BaseException, judge_required: bool) -> dict[str, Any]:
+def failed_record(task: Task, repeat: int, exc: BaseException, judge_required: bool) -> dict[str, Any]:
     return {"task_id": task.id, "kind": getattr(task, "kind", None), "repeat": repeat, "run_id": None,
             "score": 0.0, "passed": False, "judge_required": judge_required, "status": "failed",
             "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:],
@@ -326,9 +319,6 @@ def failed_record(task: Any, repeat: int, exc: BaseException, judge_required: bo
 
 
 def write_results(out: Path, results: dict[str, Any]) -> None:
-    from envace_mcp._files import write_atomic
-    from envace_mcp.eval.report import markdown, plot
-
     write_atomic(out / "results.json", json.dumps(results, indent=2, default=str))  # never torn, never via a link
     write_atomic(out / "results.md", markdown([results]))
     plot([results], out / "results.png")

@@ -21,12 +21,16 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from math import ceil, comb, sqrt
 from statistics import NormalDist, stdev
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.envs.rewards import call_match, made_calls, prf, reference_calls
 from envace_mcp.policy.fidelity import field_split
 from envace_mcp.toolbox.result import ToolResult
 from envace_mcp.traces.schema import STOPPED
+
+if TYPE_CHECKING:
+    from envace_mcp.envs.task import Task
+    from envace_mcp.traces.schema import Trace
 
 FIELD_KINDS = ("echoed", "seen", "new")
 """A real result's fields: the call's own argument values, values read earlier in the run, and the rest
@@ -43,7 +47,7 @@ def pass_at_k(successes: int, n: int, k: int) -> float:
     return 1.0 - comb(n - successes, k) / comb(n, k) if k <= n else float("nan")
 
 
-def rehearsal_fidelity(trace: Any) -> list[dict[str, Any]]:
+def rehearsal_fidelity(trace: Trace) -> list[dict[str, Any]]:
     """Each call that ran (`Step.ran`: approved asks too) and was rehearsed: its match score, exact or not,
     whether the predicted status (error or result) was right, and, for a successful real result, its
     fields split into echoed, seen and new ones with how many the prediction got
@@ -82,7 +86,7 @@ def fidelity_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             **{f"{kind}_fields": split[kind] for kind in FIELD_KINDS}}
 
 
-def run_record(trace: Any, task: Any, *, score: float | None, judge_required: bool = False,
+def run_record(trace: Trace, task: Task, *, score: float | None, judge_required: bool = False,
                repeat: int = 0, destructive: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What one run contributes to the metrics, read from its trace (`destructive`: the run's
     destructive calls with what the gate did and what each would have done, where the suite says)."""

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from envace_mcp._files import savefig_atomic
 from envace_mcp.eval.metrics import FIELD_KINDS, task_scores
 
 CHART = [("success", "score", "mean score"), ("success", "pass@1", "pass@1"), ("tool_calls", "f1", "tool-call F1"),
@@ -169,8 +170,6 @@ def plot(results: list[dict[str, Any]], path: Path) -> bool:
     ax.set_title(f"{results[0]['suite']} ({results[0]['settings']['split']}): {summary['tasks']} tasks × {summary['repeats']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from envace_mcp._files import savefig_atomic
-
     savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
     return True

@@ -32,8 +32,10 @@ from envace_mcp.graph.gate import (
     limits_text,
 )
 from envace_mcp.graph.state import EnvaceContext
+from envace_mcp.policy import load_policy
 from envace_mcp.policy.types import context_sampling
 from envace_mcp.policy.embedded import default_adapter
+from envace_mcp.toolbox import blocking_toolbox
 
 logger = logging.getLogger(__name__)
 
@@ -312,8 +314,6 @@ def _shared_policy(model: str | None, adapter: str | None = None, rehearse_adapt
     key = ("policy", model, adapter, rehearse_adapter)
     with _LOADING:
         if key not in _SHARED:
-            from envace_mcp.policy import load_policy
-
             _SHARED[key] = load_policy(model, adapter=adapter, rehearse_adapter=rehearse_adapter)
     return _SHARED[key]
 
@@ -326,8 +326,6 @@ def _shared_toolbox(servers: str) -> Any:
         if key not in _SHARED:
             import atexit
             from contextlib import ExitStack
-
-            from envace_mcp.toolbox import blocking_toolbox
 
             stack = ExitStack()
             _SHARED[key] = stack.enter_context(blocking_toolbox(servers))

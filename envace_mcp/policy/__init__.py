@@ -1,8 +1,10 @@
 """The shared policy: one model, act / rehearse / critique roles, several backends."""
 
+from envace_mcp.errors import UserError
 from envace_mcp.policy.base import Policy, PromptPolicy
 from envace_mcp.policy.parsing import parse_act, parse_critique, parse_prediction
 from envace_mcp.policy.roles import RolePolicies
+from envace_mcp.policy.trust import require_report
 from envace_mcp.policy.types import (
     ActOutput,
     ActRequest,
@@ -16,6 +18,7 @@ from envace_mcp.policy.types import (
     SamplingParams,
     ToolCall,
 )
+from envace_mcp.policy.vllm import PREFIX, VLLMPolicy
 
 __all__ = [
     # the seam
@@ -53,9 +56,6 @@ def load_policy(model: str | None = None, *, adapter: str | None = None, rehears
     is not one a gate should read; `unmeasured=True` is the explicit opt-in, for research on such models.
     Each adapter's trust table is read once, here, and carried by the policy (`policy.trust`)."""
     if rehearse_adapter is not None:
-        from envace_mcp.policy.roles import RolePolicies
-        from envace_mcp.policy.trust import require_report
-
         if not unmeasured:
             require_report(rehearse_adapter)
 
@@ -64,17 +64,11 @@ def load_policy(model: str | None = None, *, adapter: str | None = None, rehears
         kwargs.pop("tool_format", None)  # each adapter renders the tools as its envace.json says
         rehearse = load_policy(model, adapter=rehearse_adapter, **kwargs)
         return RolePolicies(act, rehearse, name=f"{act.name} + rehearse adapter {rehearse_adapter}")
-    from envace_mcp.policy.vllm import PREFIX
-
     if model is not None and model.startswith(PREFIX):
-        from envace_mcp.policy.vllm import VLLMPolicy
-
         if kwargs.pop("constrain_calls", False):
-            from envace_mcp.errors import UserError
-
             raise UserError("constrained tool calls run on the transformers backend; a vLLM server does not take them")
 
         return VLLMPolicy.from_url(model[len(PREFIX):], adapter=adapter, **kwargs)
-    from envace_mcp.policy.transformers import TransformersPolicy
+    from envace_mcp.policy.transformers import TransformersPolicy  # torch: only when a model loads
 
     return TransformersPolicy.from_pretrained(model, adapter=adapter, **kwargs)

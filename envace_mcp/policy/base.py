@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy.parsing import loads_lenient, parse_act, parse_critique, parse_prediction, parse_tool_turn
@@ -23,6 +23,9 @@ from envace_mcp.policy.types import (
     Role,
     SamplingParams,
 )
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 REHEARSE_STOP = ("</execution_result>",)
 
@@ -90,7 +93,7 @@ class PromptPolicy(ABC):
         """One completion of a rendered chat (with `tools=` for the act role)."""
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams, reply_to: Any = None) -> tuple[RawCompletion, str]:
+                        sampling: SamplingParams, reply_to: ToolSpec | None = None) -> tuple[RawCompletion, str]:
         """A completion that continues a chat rendered up to `prompts.TOOL_TURN_SLOT` (inline rehearsal),
         and the text that closes that turn (`prompts.inline_prompt`); `reply_to`: the `ToolSpec` whose
         reply is written (a backend that can holds it to a readable reply: `reply.ReplyConstraint`).

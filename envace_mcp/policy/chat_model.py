@@ -28,6 +28,7 @@ from pydantic import ConfigDict, Field
 
 from envace_mcp._sync import run_sync
 from envace_mcp.policy.types import ActOutput, ActRequest, Generation, SamplingParams
+from envace_mcp.toolbox.langchain import spec_from_tool
 
 
 class PolicyChatModel(BaseChatModel):
@@ -52,8 +53,6 @@ class PolicyChatModel(BaseChatModel):
 
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> PolicyChatModel:
         """The same model with `tools` (LangChain tools, MCP tools from the toolbox, or OpenAI-format dicts)."""
-        from envace_mcp.toolbox.langchain import spec_from_tool
-
         return self.model_copy(update={"tools": [spec_from_tool(t) for t in tools]})
 
     def request(self, messages: Sequence[BaseMessage]) -> ActRequest:

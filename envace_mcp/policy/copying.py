@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import ToolMessage
 
@@ -37,6 +37,9 @@ from envace_mcp._files import read_bounded
 from envace_mcp.policy.fidelity import field_name, latest_values, leaves, parsed_json, same_value
 from envace_mcp.policy.prompts import content_text
 from envace_mcp.policy.types import Prediction, RehearseRequest
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 RULES_FILE = "copy_rules.json"
 MIN_SUPPORT = 5
@@ -190,18 +193,18 @@ class BoundRules:
 
     tools: dict[str, tuple[Identity, list[Any]]]
 
-    def for_tool(self, spec: Any) -> list[Any]:
+    def for_tool(self, spec: ToolSpec | None) -> list[Any]:
         """The rules of `spec`'s tool, where they were learned on this very tool (server and schemas)."""
         return bound(self.tools, spec) or []
 
 
-def binds(identity: Identity, spec: Any) -> bool:
+def binds(identity: Identity, spec: ToolSpec) -> bool:
     """Whether what was learned on `identity` (server, behaviour) applies to the tool `spec`."""
     server, behaviour = identity
     return (server or None, behaviour) == (spec.server or None, spec.behaviour)
 
 
-def bound(entries: dict[str, tuple[Identity, Any]], spec: Any) -> Any:
+def bound(entries: dict[str, tuple[Identity, Any]], spec: ToolSpec | None) -> Any:
     """`spec`'s tool's entry in `entries` (tool -> (identity, entry)), where it was learned on this very tool;
     else None."""
     if spec is None or spec.name not in entries:

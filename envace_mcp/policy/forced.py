@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.policy.base import PromptPolicy
 from envace_mcp.policy.prompts import ChatMessage, inline_prompt
@@ -24,6 +24,10 @@ from envace_mcp.policy.types import (
     SamplingParams,
 )
 
+if TYPE_CHECKING:
+    from envace_mcp.policy.transformers import TransformersPolicy
+    from envace_mcp.toolbox.catalog import ToolSpec
+
 _TEXT: contextvars.ContextVar[str] = contextvars.ContextVar("envace_forced_text")
 
 
@@ -33,7 +37,7 @@ class ForcedPolicy(PromptPolicy):
     (e.g. forced reference actions with the model's own rehearsals: the world model's accuracy on
     real calls)."""
 
-    def __init__(self, base: Any, *, act: Callable[[ActRequest], str] | None = None,
+    def __init__(self, base: TransformersPolicy, *, act: Callable[[ActRequest], str] | None = None,
                  rehearse: Callable[[RehearseRequest], str | None] | None = None,
                  critique: Callable[[CritiqueRequest], str] | None = None, name: str | None = None,
                  score: bool = True) -> None:
@@ -59,7 +63,7 @@ class ForcedPolicy(PromptPolicy):
         return self.base.force(self.base.render(chat, tools), _TEXT.get(), sampling.temperature or 1.0, score=self.score)
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams, reply_to: Any = None) -> tuple[RawCompletion, str]:
+                        sampling: SamplingParams, reply_to: ToolSpec | None = None) -> tuple[RawCompletion, str]:
         prompt, close = inline_prompt(self.base.render(chat, tools), self.base.end_texts)
         return self.base.force(prompt, _TEXT.get() + close, sampling.temperature or 1.0, score=self.score), close
 

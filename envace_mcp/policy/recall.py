@@ -20,10 +20,13 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp._files import read_bounded
 from envace_mcp.policy.types import Example, ToolCall
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 RECALL_FILE = "recall.jsonl"
 K = 3
@@ -121,7 +124,8 @@ class CallLog:
                 break
         return out
 
-    def similar(self, call: ToolCall, tool: Any = None, k: int = K, exclude: str | None = None) -> list[Example]:
+    def similar(self, call: ToolCall, tool: ToolSpec | None = None, k: int = K,
+                exclude: str | None = None) -> list[Example]:
         """`nearest` as the examples a rehearse prompt shows (`RehearseRequest.similar`); `tool`: the
         called `ToolSpec` (its server narrows the search)."""
         server = getattr(tool, "server", None) or None

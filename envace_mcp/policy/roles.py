@@ -17,8 +17,10 @@ cached prefix, so every rehearsal prefills its whole prompt.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from envace_mcp.errors import UserError
+from envace_mcp.policy.trust import require_report
 from envace_mcp.policy.types import (
     ActOutput,
     ActRequest,
@@ -30,13 +32,16 @@ from envace_mcp.policy.types import (
     SamplingParams,
 )
 
+if TYPE_CHECKING:
+    from envace_mcp.policy.base import Policy
+
 
 class RolePolicies:
     """A `Policy` whose act and critique turns come from `act` and whose rehearsals come from `rehearse`.
     Each generation records its own policy's name as its model; the trace's formats are the ones each role
     rendered its prompts in (`tool_format` of the act policy, `rehearse_format` of the rehearse policy)."""
 
-    def __init__(self, act: Any, rehearse: Any, *, name: str | None = None) -> None:
+    def __init__(self, act: Policy, rehearse: Policy, *, name: str | None = None) -> None:
         self.act_policy = act
         self.rehearse_policy = rehearse
         self.name = name or f"{getattr(act, 'name', 'policy')} + rehearse: {getattr(rehearse, 'name', 'policy')}"
@@ -87,15 +92,12 @@ class RolePolicies:
         return self.act_policy.as_chat_model(sampling=sampling)
 
 
-def with_world_model(policy: Any, world_model: Any) -> RolePolicies:
+def with_world_model(policy: Policy, world_model: Policy | str | Path) -> RolePolicies:
     """`policy` acting and `world_model` rehearsing: a policy, or the folder of a world model fitted to your
     tools (`envace world-model fit`), loaded on `policy`'s own base model. A folder must hold the trust
     table its report wrote (`trust.json`): a world model nobody measured is not one the gate should read."""
     if not isinstance(world_model, (str, Path)):
         return RolePolicies(policy, world_model)
-    from envace_mcp.errors import UserError
-    from envace_mcp.policy.trust import require_report
-
     folder = Path(world_model)
     if not (folder / "adapter_config.json").is_file():
         raise UserError(f"world model {str(folder)!r}: no adapter there (adapter_config.json); fit one with "
@@ -105,7 +107,7 @@ def with_world_model(policy: Any, world_model: Any) -> RolePolicies:
     if source is None:
         raise UserError("this policy does not say which base model it runs, so the world model cannot be loaded on "
                         "it: pass world_model=load_policy(MODEL, adapter=FOLDER) instead of the folder")
-    from envace_mcp.policy import load_policy
+    from envace_mcp.policy import load_policy  # a cycle at the top: the package imports this module
 
     rehearse = load_policy(None if source == "embedded" else str(source), adapter=str(folder))
     return RolePolicies(policy, rehearse, name=f"{getattr(policy, 'name', 'policy')} + world model {folder}")

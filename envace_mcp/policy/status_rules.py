@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.policy.call_facts import (
     MAX_LOGGED,
@@ -40,6 +40,9 @@ from envace_mcp.policy.call_facts import (
 )
 from envace_mcp.policy.copying import BoundRules, Identity, bound, read_bound, read_extra, write_bound
 from envace_mcp.policy.types import Prediction, RehearseRequest
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 RULES_FILE = "status_rules.json"
 MAX_BYTES = 8 << 20
@@ -189,7 +192,7 @@ class StatusTable(BoundRules):
         """Each tool's rules in words, as a report states them."""
         return {tool: [f"fails when {r.words()}" for r in rules] for tool, (_, rules) in sorted(self.tools.items())}
 
-    def unforeseen_of(self, spec: Any) -> tuple[int, int] | None:
+    def unforeseen_of(self, spec: ToolSpec | None) -> tuple[int, int] | None:
         """(failed, calls) of `spec`'s tool where no rule foresaw a failure, if learned on this very tool."""
         return bound(self.unforeseen, spec)
 

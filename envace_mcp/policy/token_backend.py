@@ -9,12 +9,22 @@ trainer never re-tokenises text. Subclasses implement `_generate` and say which 
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.policy.base import PromptPolicy
-from envace_mcp.policy.prompts import ChatMessage, inline_prompt, prompt_text, template_takes_tools
+from envace_mcp.policy.prompts import (
+    ChatMessage,
+    inline_prompt,
+    prompt_text,
+    render_inline,
+    render_rehearse,
+    template_takes_tools,
+)
 from envace_mcp.policy.tool_text import ToolFormat
-from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
+from envace_mcp.policy.types import RawCompletion, RehearseFormat, RehearseRequest, Role, SamplingParams
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 
 class TokenPolicy(PromptPolicy):
@@ -46,7 +56,7 @@ class TokenPolicy(PromptPolicy):
         logprobs, and its text with a final end-of-turn token left out (`decode`). `restrict`: a logits
         hook (`reply.ReplyConstraint`), from `reply_constraint`; a backend that takes none ignores it."""
 
-    def reply_constraint(self, tool: Any, sampling: SamplingParams) -> Any:
+    def reply_constraint(self, tool: ToolSpec | None, sampling: SamplingParams) -> Any:
         """The hook that holds an inline rehearsal of `tool`, sampled as `sampling` says, to a readable
         reply (None: not held)."""
         return None
@@ -81,12 +91,10 @@ class TokenPolicy(PromptPolicy):
         return RawCompletion(text="", prompt_text=prompt_text, prompt_ids=list(prompt_ids), completion_ids=[],
                              logprobs=[], finish_reason="length", refused=why)
 
-    def rehearse_prompt(self, request: Any) -> tuple[list[int], str]:
+    def rehearse_prompt(self, request: RehearseRequest) -> tuple[list[int], str]:
         """The rehearse role's prompt ids for `request` (a `RehearseRequest`), exactly as `rehearse` renders
         them, and the text that closes the tool's turn after its content (inline format; "" otherwise):
         what a world model is trained on with the real reply as the target."""
-        from envace_mcp.policy.prompts import render_inline, render_rehearse
-
         request = self.recalled(request)
         if self.rehearse_format == "inline":
             prompt, close = inline_prompt(self.render(*render_inline(request)), self.end_texts)
@@ -109,7 +117,7 @@ class TokenPolicy(PromptPolicy):
         return await self._sample(self.encode(text), text, sampling)
 
     async def _continue(self, role: Role, chat: list[ChatMessage], tools: list[dict[str, Any]] | None,
-                        sampling: SamplingParams, reply_to: Any = None) -> tuple[RawCompletion, str]:
+                        sampling: SamplingParams, reply_to: ToolSpec | None = None) -> tuple[RawCompletion, str]:
         prompt, close = inline_prompt(self.render(chat, tools), self.end_texts)
         marker = close.strip()
         if marker and marker not in sampling.stop:  # the turn's close, where end-of-turn may not follow

@@ -16,8 +16,14 @@ keep their own format: a real Qwen3 was trained on it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from envace_mcp.errors import UserError
+
+if TYPE_CHECKING:
+    from envace_mcp.traces.schema import Trace
 
 ToolFormat = Literal["json", "compact"]
 
@@ -122,8 +128,6 @@ def adapter_file(adapter: str | Path | None) -> dict[str, Any]:
     """An adapter folder's `envace.json` as an object; {} when there is none. A torn file, or one that
     is not an object, is a UserError naming it: guessing its formats would prompt the model in a shape
     it never learned."""
-    from envace_mcp.errors import UserError
-
     if adapter is None:
         return {}
     path = Path(adapter) / FORMAT_FILE
@@ -146,8 +150,6 @@ def adapter_formats(adapter: str | Path | None) -> dict[str, str]:
 
 def formats_of(saved: dict[str, Any], adapter: str | Path | None) -> dict[str, str]:
     """The prompt formats an `envace.json` object (`adapter_file`) names, checked as `adapter_formats` does."""
-    from envace_mcp.errors import UserError
-
     for key, allowed in _FORMATS.items():
         if key in saved and saved[key] not in allowed:
             raise UserError(f"{Path(adapter) / FORMAT_FILE}: {key} must be one of {', '.join(allowed)}, "  # type: ignore[arg-type]
@@ -185,11 +187,9 @@ def reply_budgets(saved: dict[str, Any]) -> dict[str, int]:
             if isinstance(tool, str) and 0 < len(tool) <= 200 and isinstance(n, int) and not isinstance(n, bool) and n > 0}
 
 
-def _one_format(traces: Any, what: str, read: Any, default: str) -> str:
+def _one_format(traces: Iterable[Trace], what: str, read: Callable[[Trace], Any], default: str) -> str:
     """The one value of a prompt format that recorded runs share (`read(trace)`, None = `default`);
     mixed values are refused: one adapter learns one format."""
-    from envace_mcp.errors import UserError
-
     found = {str(read(t) or default) for t in traces}
     if len(found) > 1:
         raise UserError(f"the runs were recorded with different {what} formats ({', '.join(sorted(found))}): "
@@ -197,12 +197,12 @@ def _one_format(traces: Any, what: str, read: Any, default: str) -> str:
     return found.pop() if found else default
 
 
-def traces_rehearse_format(traces: Any) -> str:
+def traces_rehearse_format(traces: Iterable[Trace]) -> str:
     """The one rehearse prompt format recorded runs used (`Trace.rehearse_format`); mixed are refused."""
     return _one_format(traces, "rehearse", lambda t: getattr(t, "rehearse_format", None), "simulator")
 
 
-def traces_tool_format(traces: Any) -> ToolFormat:
+def traces_tool_format(traces: Iterable[Trace]) -> ToolFormat:
     """The one tool format recorded runs were rendered in (`Trace.metadata["tool_format"]`; runs recorded
     before it was recorded are "json"); mixed formats are refused: one adapter learns one format."""
     return _one_format(traces, "tool", lambda t: (getattr(t, "metadata", None) or {}).get("tool_format"),  # type: ignore[return-value]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -24,12 +24,16 @@ from envace_mcp.engine.generation import Engine
 from envace_mcp.engine.model import load_model
 from envace_mcp.engine.types import Completion, Job
 from envace_mcp.policy.constrained import CallConstraint, TokenText
+from envace_mcp.policy.embedded import EMBEDDED_NAME, embedded_model_dir
 from envace_mcp.policy.prompts import ChatMessage
 from envace_mcp.policy.reply import ReplyConstraint
 from envace_mcp.policy.token_backend import TokenPolicy
 from envace_mcp.policy.adapter import Adapter
 from envace_mcp.policy.tool_text import ToolFormat
 from envace_mcp.policy.types import RawCompletion, RehearseFormat, Role, SamplingParams
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 
 class TransformersPolicy(TokenPolicy):
@@ -110,8 +114,6 @@ class TransformersPolicy(TokenPolicy):
         """
         source = "embedded" if model is None else str(model)
         if model is None:
-            from envace_mcp.policy.embedded import EMBEDDED_NAME, embedded_model_dir
-
             kwargs.setdefault("name", f"{EMBEDDED_NAME} (embedded)")
             model = embedded_model_dir()
         folder = Adapter.read(adapter)  # before the weights: a torn envace.json costs no load
@@ -140,7 +142,7 @@ class TransformersPolicy(TokenPolicy):
                         restrict: Any = None) -> RawCompletion:
         return _raw(await self.engine.submit(self.job(prompt_ids, sampling, restrict=restrict)), prompt_text)
 
-    def reply_constraint(self, tool: Any, sampling: SamplingParams) -> ReplyConstraint | None:
+    def reply_constraint(self, tool: ToolSpec | None, sampling: SamplingParams) -> ReplyConstraint | None:
         if not self.constrain_rehearsals:
             return None
         return ReplyConstraint(getattr(tool, "output_schema", None), self._tokens(), self.eos_ids,

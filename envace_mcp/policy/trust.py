@@ -36,13 +36,19 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError, model_validator
 
 from envace_mcp._text import visible
 from envace_mcp.config import Settings
 from envace_mcp.errors import UserError
+from envace_mcp.policy import copying, status_rules
+from envace_mcp.policy.recall import RECALL_FILE
+from envace_mcp.policy.tool_text import adapter_file
+
+if TYPE_CHECKING:
+    from envace_mcp.toolbox.catalog import ToolSpec
 
 TRUST_FILE = "trust.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -91,7 +97,7 @@ class ToolTrust(Settings):
             data.setdefault("fail_closed", stop)
         return data
 
-    def covers(self, spec: Any) -> bool:
+    def covers(self, spec: ToolSpec | None) -> bool:
         """Whether this entry was measured on `spec` (the same server and behaviour, where it says)."""
         if spec is None:
             return False
@@ -185,10 +191,6 @@ def weights_digest(folder: str | Path) -> str | None:
     with, where it has them: the log they recall (`recall.jsonl`), the rules they apply (`copy_rules.json`,
     `status_rules.json`), each named with its length (a file renamed is another folder), and the reply
     budgets in its `envace.json`; None where it has no weights."""
-    from envace_mcp.policy import copying, status_rules
-    from envace_mcp.policy.recall import RECALL_FILE
-    from envace_mcp.policy.tool_text import adapter_file
-
     path = Path(folder) / WEIGHTS_FILE
     if not path.is_file():
         return None

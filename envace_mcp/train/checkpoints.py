@@ -15,6 +15,7 @@ import torch
 
 from envace_mcp._files import write_atomic
 from envace_mcp.errors import UserError
+from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
 
 STATE = "state.safetensors"
 OLD_STATE = "state.pt"
@@ -29,14 +30,16 @@ class Checkpoints:
     def __init__(self, folder: Path, rank: int = 0) -> None:
         self.folder, self.rank = folder, rank
 
-    def save(self, *, step: int, model: Any, optimizer: Any, order: dict[str, Any], config: dict[str, Any]) -> None:
+    def save(self, *, step: int, model: Any, optimizer: torch.optim.Optimizer, order: dict[str, Any],
+             config: dict[str, Any]) -> None:
         if self.rank != 0:
             return
         self._publish(self.snapshot(step=step, model=model, optimizer=optimizer, order=order, config=config),
                       model, config)
 
     @staticmethod
-    def snapshot(*, step: int, model: Any, optimizer: Any, order: dict[str, Any], config: dict[str, Any]) -> bytes:
+    def snapshot(*, step: int, model: Any, optimizer: torch.optim.Optimizer, order: dict[str, Any],
+                 config: dict[str, Any]) -> bytes:
         """What `save` would write to `state.safetensors` now, serialised in memory (later steps cannot change it)."""
         from safetensors.torch import save
 
@@ -49,7 +52,7 @@ class Checkpoints:
         tensors["torch_rng"] = torch.get_rng_state()
         return save(tensors, metadata={"envace": json.dumps(meta)})
 
-    def save_snapshot(self, snapshot: bytes, *, model: Any, optimizer: Any) -> None:
+    def save_snapshot(self, snapshot: bytes, *, model: Any, optimizer: torch.optim.Optimizer) -> None:
         """Put the model, optimizer and torch's RNG back as `snapshot` holds them, and save it as the checkpoint."""
         if self.rank != 0:
             return
@@ -64,13 +67,11 @@ class Checkpoints:
         model.save_pretrained(self.folder / "model")
         adapter = config.get("adapter")
         if adapter:  # the prompt formats the starting adapter learned travel on (`envace.json`)
-            from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
-
             formats = adapter_formats(adapter)
             if formats:
                 write_adapter_format(self.folder / "model", **formats)  # type: ignore[arg-type]
 
-    def load(self, *, model: Any, optimizer: Any) -> dict[str, Any] | None:
+    def load(self, *, model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Restore weights, optimizer and torch's RNG; returns `{"step", "order": {"rng", "order"}}`, or
         None when there is no checkpoint. An old pickle checkpoint is a `UserError` (it is never read)."""
         path = self.folder / STATE
@@ -145,7 +146,8 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return value
 
 
-def _restore(meta: dict[str, Any], tensors: dict[str, torch.Tensor], model: Any, optimizer: Any) -> None:
+def _restore(meta: dict[str, Any], tensors: dict[str, torch.Tensor], model: Any,
+             optimizer: torch.optim.Optimizer) -> None:
     named = dict(model.named_parameters())
     unknown = [n for n in meta["params"] if n not in named]
     if unknown:

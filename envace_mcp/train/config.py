@@ -10,13 +10,18 @@ What the defaults cost and buy, measured: docs/benchmarks.md and docs/evidence.m
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from envace_mcp.config import Settings
 from envace_mcp.errors import UserError
 from envace_mcp.traces.schema import Trace
+
+if TYPE_CHECKING:
+    import torch
+
+    from envace_mcp.graph.gate import GateConfig
 
 
 class SFTPerformance(Settings):
@@ -289,17 +294,17 @@ class SFTConfig(Settings):
         return self
 
 
-def rollout_kv_gb(setting: float | str | None, model: Any) -> float | None:
+def rollout_kv_gb(setting: float | str | None, model: torch.nn.Module) -> float | None:
     if setting == "auto":
         return 1.0 if next(model.parameters()).device.type == "cpu" else None
     return setting  # type: ignore[return-value]
 
 
-def check_rollout_mode(config: GRPOConfig, mode: str, gate: Any = None) -> None:
+def check_rollout_mode(config: GRPOConfig, mode: str, gate: GateConfig | None = None) -> None:
     """Online GRPO: refuse a reward no rollout could earn. The fidelity reward scores rehearsals whose call
     really ran, which the gate (`graph.gate.rehearses_real_calls`; None: the default `GateConfig`) never
     allows in simulated mode, nor in mixed mode unless it rehearses reads; real-output CE needs real calls."""
-    from envace_mcp.graph.gate import GateConfig, rehearses_real_calls
+    from envace_mcp.graph.gate import GateConfig, rehearses_real_calls  # langgraph: not for the light config
 
     gate = gate or GateConfig()
     if config.experimental.fidelity_weight and not rehearses_real_calls(mode, gate):  # type: ignore[arg-type]

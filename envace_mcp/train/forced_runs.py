@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.messages import HumanMessage
 
@@ -12,13 +12,17 @@ from envace_mcp.graph import EnvaceContext, GateConfig
 from envace_mcp.graph.gate import UNATTENDED
 from envace_mcp.traces import record_run
 
+if TYPE_CHECKING:
+    from envace_mcp.envs.task import Task
+    from envace_mcp.policy.base import Policy
+
 EVERY_CALL_RUNS = GateConfig(rehearse="all", feedback_on_predicted_error=False,
                              block_destructive_on_predicted_failure=False)
 """Every call is rehearsed and really runs, whatever the rehearsal predicted: measuring the world model
 on real calls, and probes (each perturbed call must reach the server)."""
 
 
-async def forced_run(graph: Any, toolbox: Any, suite: Any, task: Any, policy: Any, gate: GateConfig,
+async def forced_run(graph: Any, toolbox: Any, suite: Any, task: Task, policy: Policy, gate: GateConfig,
                      sampling: dict[str, Any] | None = None, group_id: str | None = None,
                      notes: str | None = None) -> tuple[Episode, dict[str, Any], Any]:
     """One recorded run of `task` in its own episode on `toolbox` (the suite's in-process server), the

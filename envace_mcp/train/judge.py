@@ -27,12 +27,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.errors import UserError
 from envace_mcp.policy.prompts import content_text
 from envace_mcp.toolbox.result import NOT_THE_SERVERS, ToolResult
 from envace_mcp.traces.schema import STOPPED, Trace
+
+if TYPE_CHECKING:
+    from envace_mcp.policy.transformers import TransformersPolicy
 
 Verdict = tuple[float | None, dict[str, Any]]
 
@@ -114,7 +117,7 @@ class LocalJudge:
     good is attempt N? one digit", and the verdict is the model's next-token distribution over the digits
     as its answer begins. The attempts' chats share everything up to the question, run once."""
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: TransformersPolicy) -> None:
         self.policy = policy
         self._digits: list[int] | None = None
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from envace_mcp.engine.model import autocast_bf16, quiet_loading
+from envace_mcp.engine.model import autocast_bf16, load_model, quiet_loading
+from envace_mcp.policy.embedded import embedded_model_dir
 from envace_mcp.train import distributed
 from envace_mcp.train.advantages import group_key, step_advantages
 from envace_mcp.train.config import GRPOConfig
@@ -60,9 +61,6 @@ class GRPOLearner:
         self.config = config
         self.rank, self.world_size = distributed.setup()
         if model is None:
-            from envace_mcp.engine.model import load_model
-            from envace_mcp.policy.embedded import embedded_model_dir
-
             model, tokenizer = load_model(config.model or embedded_model_dir(), adapter=config.adapter, dtype="checkpoint",
                                           trainable=True)
         self.tokenizer = tokenizer

@@ -19,14 +19,18 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from envace_mcp._sync import run_sync
 from envace_mcp.errors import UserError
 from envace_mcp.graph.gate import call_key
 from envace_mcp.traces.recorder import RewardFunction
 from envace_mcp.toolbox.result import NOT_THE_SERVERS
 from envace_mcp.traces.schema import STOPPED, Reward, Step, Trace
 from envace_mcp.train.judge import Verdict, judge
+
+if TYPE_CHECKING:
+    from envace_mcp.traces.store import TraceStore
 
 STALL = "stopped: the agent proposed "
 """How a stalled run's `metadata["stop_reason"]` begins (`graph.nodes._stalls.Stall`): one call was stopped
@@ -220,7 +224,7 @@ def reward_name(fn: RewardFunction) -> str:
     return getattr(fn, "name", None) or getattr(fn, "__name__", "reward")
 
 
-def score_missing(runs: Iterable[Trace], fn: RewardFunction, store: Any, *,
+def score_missing(runs: Iterable[Trace], fn: RewardFunction, store: TraceStore, *,
                   on_scored: Callable[[int], None] | None = None) -> list[Reward]:
     """Score each run that has no reward of `fn`'s name yet (a `None` one counts as had: it said "cannot
     score"), add the reward to the run, and save it with the run in `store` (`TraceStore.attach_reward`:
@@ -262,8 +266,6 @@ def _verdicts(fn: RewardFunction, group: Sequence[Trace]) -> list[Verdict]:
     for trace in group:
         verdict = fn(trace, {})
         if inspect.isawaitable(verdict):
-            from envace_mcp._sync import run_sync
-
             verdict = run_sync(_awaited(verdict))
         value, details = verdict if verdict is not None else (None, {"unscorable": True})
         verdicts.append((value, dict(details or {})))

@@ -13,6 +13,7 @@ import torch
 from envace_mcp.engine.attention import NAME as ATTENTION_NAME
 from envace_mcp.engine.attention import PACKED_KW, PackedRows, base_model, use_for_decoding
 from envace_mcp.traces.schema import Trace
+from envace_mcp.train.grpo import token_logprobs
 
 ROLE_INDEX = {"act": 0, "rehearse": 1, "critique": 2}
 
@@ -361,8 +362,6 @@ def checkpoint_kwargs() -> dict[str, Any]:
 
 def batch_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:  # [B, T]
     """The model's logprobs of every next token (the completion positions are what the loss reads)."""
-    from envace_mcp.train.grpo import token_logprobs
-
     real = batch.completion_mask.bool()  # [B, T]
     flat = token_logprobs(forward_logits(model, batch)[None], batch.targets[real][None], batch.temperature)[0]  # [K]
     return torch.zeros(real.shape, dtype=flat.dtype, device=flat.device).masked_scatter(real, flat)  # [B, T]

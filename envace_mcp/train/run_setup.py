@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from envace_mcp._files import write_atomic
 from envace_mcp.config import Settings, differences
 from envace_mcp.errors import UserError
 
@@ -65,8 +66,6 @@ def check_setup(folder: Path, trainer: Trainer, config: Settings, source: dict[s
 
 
 def write_setup(folder: Path, trainer: Trainer, config: Settings, source: dict[str, Any]) -> None:
-    from envace_mcp._files import write_atomic
-
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / SETUP, json.dumps(setup_of(trainer, config, source), indent=1, ensure_ascii=False))
 

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from envace_mcp.engine.model import autocast_bf16, quiet_loading
+from envace_mcp.policy.prompts import clip_output
+from envace_mcp.toolbox import ToolResult
 from envace_mcp.traces.schema import Trace
 from envace_mcp.train.config import SFTConfig
 from envace_mcp.train.heap import after_backward, cap_heap_blocks
@@ -61,9 +63,6 @@ def reply_target(result: dict[str, Any], fmt: str | None, close: str | None = No
     simulator prompt; for an inline one the reply as the tool turn shows it, closed by `close`."""
     if fmt != "inline":
         return real_result_text(result)
-    from envace_mcp.policy.prompts import clip_output
-    from envace_mcp.toolbox import ToolResult
-
     return clip_output(ToolResult.text_of(result)) + (close or "")  # as the next act prompt shows it
 
 

@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from envace_mcp.envs.suites import tasks_of_kinds
 from envace_mcp.errors import UserError
+from envace_mcp.policy import SamplingParams
+from envace_mcp.policy.tool_text import adapter_formats
+from envace_mcp.policy.transformers import TransformersPolicy
+from envace_mcp.policy.types import role_sampling
+from envace_mcp.policy.vllm import PREFIX, VLLMPolicy
+from envace_mcp.toolbox import Toolbox
 from envace_mcp.traces import Trace, TraceStore
-from envace_mcp.train.advantages import group_key, groups_of
+from envace_mcp.train.advantages import group_key, groups_of, step_advantages
 from envace_mcp.train.config import (
     GRPOConfig,
     check_rollout_mode,
@@ -24,6 +32,10 @@ from envace_mcp.train.config import (
 )
 from envace_mcp.train.learner import GRPOLearner
 from envace_mcp.train.rows import Segment, segments
+from envace_mcp.train.sft import sft_rows, target_encoding
+
+if TYPE_CHECKING:
+    from envace_mcp.graph.gate import GateConfig, RunLimits
 
 
 class SeededOrder:
@@ -50,7 +62,7 @@ class SeededOrder:
         self.order = state["order"]
 
 
-def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
+def trainable_groups(traces: Iterable[Trace], learner: GRPOLearner) -> list[list[Segment]]:
     """The traces' segments of the trained roles that carry sampling logprobs, by group; with
     `real_output_ce`, the rehearse prompts' real-result targets go to the learner too."""
     config = learner.config
@@ -58,8 +70,6 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
     refuse_unshaped(traces, config)
     rows = [r for r in segments(traces, reward=config.reward) if r.role in config.roles]
     if config.experimental.real_output_ce > 0:
-        from envace_mcp.train.sft import sft_rows, target_encoding
-
         encode, end = target_encoding(learner.tokenizer)
         for row in sft_rows(traces, encode, end, roles=("rehearse",), reward=config.reward):
             learner.ce_rows[group_key(row)].append(row)
@@ -68,17 +78,12 @@ def trainable_groups(traces: Any, learner: GRPOLearner) -> list[list[Segment]]:
 
 def has_signal(group: list[Segment], config: GRPOConfig) -> bool:
     """Whether a group's segments carry any non-zero advantage (runs that scored alike carry none)."""
-    from envace_mcp.train.advantages import step_advantages
-
     return bool(group) and bool((step_advantages([group], config) != 0).any())
 
 
 def rollout_sampling(config: GRPOConfig) -> dict[str, Any]:
     """How online rollouts sample each role: `max_new_tokens` (the rehearse role `rehearse_max_new_tokens`),
     at EnvACE's temperature 1.0 and with no fixed seed, so a group's K runs differ."""
-    from envace_mcp.policy import SamplingParams
-    from envace_mcp.policy.types import role_sampling
-
     roles = role_sampling(SamplingParams(max_new_tokens=config.max_new_tokens, temperature=1.0),
                           config.rehearse_max_new_tokens)
     return {"act": roles["act"], "rehearse": roles["rehearse"]}  # critique keeps the policy's own sampling
@@ -112,12 +117,11 @@ class RolloutGroups:
     and scored by the suite's checker."""
 
     def __init__(self, learner: GRPOLearner, suite: Any, out: Path, *, k: int = 4, mode: str = "real",
-                 tools: list[Any] | None = None, gate: Any = None, limits: Any = None,
+                 tools: list[Any] | None = None, gate: GateConfig | None = None,
+                 limits: RunLimits | None = None,
                  sampling: dict[str, Any] | None = None) -> None:
         """`sampling` (per role): None samples as `config` says, at the policy's own temperature (EnvACE's
         1.0) and without a fixed seed, so a group's K runs differ."""
-        from envace_mcp.policy.transformers import TransformersPolicy
-
         config = learner.config
         if config.experimental.dynamic_sampling and learner.world_size > 1:
             raise UserError("dynamic_sampling draws replacement tasks on one process; under torchrun the ranks "
@@ -126,15 +130,9 @@ class RolloutGroups:
         self.learner, self.suite, self.out = learner, suite, out
         self.k, self.mode, self.tools, self.gate, self.limits = k, mode, tools, gate, limits
         self.sampling = rollout_sampling(config) if sampling is None else sampling
-        from envace_mcp.envs.suites import tasks_of_kinds
-
         self.tasks = tasks_of_kinds(suite.split(config.split), config.experimental.kinds, config.split)
-        from envace_mcp.policy.tool_text import adapter_formats
-
         formats = adapter_formats(config.adapter)  # prompts as the adapter learned them
         if config.rollout_server:
-            from envace_mcp.policy.vllm import PREFIX, VLLMPolicy
-
             if not config.lora or learner.world_size > 1:
                 raise UserError("rollout_server: only a LoRA adapter trained in one process is synced to a server "
                                 "(full-weight sync and torchrun with a server are not done)")
@@ -215,8 +213,6 @@ class RolloutGroups:
         async with contextlib.AsyncExitStack() as stack:
             toolbox = None
             if self.mode != "simulated":  # real / mixed: the suite's server, in process, one episode per run
-                from envace_mcp.toolbox import Toolbox
-
                 toolbox = await stack.enter_async_context(Toolbox({self.suite.name: self.suite.build_server()}))
             runs = await asyncio.gather(*(rollout_group(self.suite, task, self.policy, k=self.k, mode=self.mode,
                                                         toolbox=toolbox, tools=self.tools, gate=self.gate, limits=self.limits,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from envace_mcp._progress import Progress
 from envace_mcp.train import distributed
 from envace_mcp.train.advantages import step_advantages
 from envace_mcp.train.checkpoints import Checkpoints
@@ -22,6 +23,10 @@ from envace_mcp.train.learner import GRPOLearner
 from envace_mcp.train.metrics import MetricsLog, plot_metrics
 from envace_mcp.train.rows import Segment
 from envace_mcp.train.sources import RolloutGroups, SeededOrder, TraceGroups
+
+if TYPE_CHECKING:
+    from envace_mcp.graph.gate import GateConfig, RunLimits
+    from envace_mcp.policy.base import Policy
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "OfflineGRPO", "OnlineGRPO", "step_advantages", "plot_metrics"]
 
@@ -93,8 +98,6 @@ class GRPOTrainer:
         (the state it had right after that step, so resuming stays bit-for-bit), then stops."""
         self.load()
         records = []
-        from envace_mcp._progress import Progress
-
         snapshot = None
         with contextlib.ExitStack() as stack:
             bar = (stack.enter_context(Progress("GRPO", total=self.config.steps, completed=self.step))
@@ -142,7 +145,8 @@ class OnlineGRPO(GRPOTrainer):
     records and scores them, then updates. Traces of every step are kept under `out/traces`."""
 
     def __init__(self, config: GRPOConfig, suite: Any, out: str | Path, *, k: int = 4, mode: str = "real",
-                 tools: list[Any] | None = None, gate: Any = None, limits: Any = None,
+                 tools: list[Any] | None = None, gate: GateConfig | None = None,
+                 limits: RunLimits | None = None,
                  sampling: dict[str, Any] | None = None, model: Any = None, tokenizer: Any = None) -> None:
         learner = GRPOLearner(config, model=model, tokenizer=tokenizer)
         super().__init__(config, learner, RolloutGroups(learner, suite, Path(out), k=k, mode=mode, tools=tools, gate=gate,
@@ -154,5 +158,5 @@ class OnlineGRPO(GRPOTrainer):
         return self.source.policy
 
     @policy.setter
-    def policy(self, value: Any) -> None:
+    def policy(self, value: Policy) -> None:
         self.source.policy = value

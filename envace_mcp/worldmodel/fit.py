@@ -16,12 +16,20 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from envace_mcp._progress import Progress
 from envace_mcp.errors import UserError
+from envace_mcp.policy.adapter import Adapter
 from envace_mcp.policy.copying import learn, learn_stable, write_rules
 from envace_mcp.policy import status_rules
+from envace_mcp.policy.embedded import embedded_model_dir
 from envace_mcp.policy.recall import CallLog
+from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
+from envace_mcp.policy.trust import weights_digest, write_trust
+from envace_mcp.policy.types import run_sampling
+from envace_mcp.traces import TraceStore
+from envace_mcp.train.config import SFTConfig
 from envace_mcp.worldmodel.calls import (
     Observed,
     call_digest,
@@ -32,6 +40,9 @@ from envace_mcp.worldmodel.calls import (
     with_similar,
 )
 from envace_mcp.worldmodel.measure import finite, majority_of, report, score_calls
+
+if TYPE_CHECKING:
+    from envace_mcp.policy.token_backend import TokenPolicy
 
 FAILURE_SHARE = 0.25
 """Refused and erroring calls are what the gate needs foreseen, and a log holds few (inventory: 15 %): in
@@ -56,8 +67,6 @@ tokens of full JSON schemas; the rehearsal continues the act prompt, whose prefi
 
 def read_calls(traces: str | Path) -> tuple[list[Any], list[Observed], dict[str, int]]:
     """The runs of a trace folder and their real calls; a folder without any is a UserError."""
-    from envace_mcp.traces import TraceStore
-
     runs = list(TraceStore(traces).read())
     calls, unknown = observed_calls(runs)
     if not calls:
@@ -109,7 +118,7 @@ def failure_copies(calls: list[Observed]) -> int:
     return max(1, min(FAILURE_COPIES, math.ceil(wanted)))
 
 
-def training_rows(policy: Any, calls: list[Observed], log: CallLog | None = None
+def training_rows(policy: TokenPolicy, calls: list[Observed], log: CallLog | None = None
                   ) -> tuple[list[Any], int, dict[str, int]]:
     """SFT rows (rehearse prompt → the real reply, closed as the template closes a tool turn), how many
     calls were left out because prompt and reply do not fit the model's context, and each tool's longest
@@ -140,9 +149,6 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
     beside its floors (`majority`: each tool's majority status in the training calls, where known)."""
     import anyio
 
-    from envace_mcp._progress import Progress
-    from envace_mcp.policy.types import run_sampling
-
     sampling = run_sampling()["rehearse"]
     with Progress(f"measure {label}", total=len(calls)) as progress:
         scored = anyio.run(score_calls, policy, calls, sampling, progress.advance)
@@ -152,7 +158,7 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
 
 
 def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapter: str | Path | None = None,
-        settings: Any = None, holdout: float = 0.2, seed: int = 0, max_calls: int | None = MAX_CALLS,
+        settings: SFTConfig | None = None, holdout: float = 0.2, seed: int = 0, max_calls: int | None = MAX_CALLS,
         max_held: int | None = MAX_HELD, recall: bool = False,
         on_step: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Train the rehearse role of `model` (None: the embedded SmolLM2) on the real replies of the training
@@ -164,13 +170,8 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
     calls go into the folder as the log its rehearsals recall (`recall.jsonl`), and it learns with them —
     off by default: on inventory it foresaw far more failures but scored below the fit without it, copying
     the recalled calls' values into its replies (docs/evidence.md, "Recall")."""
-    from envace_mcp._progress import Progress
-    from envace_mcp.engine.model import load_model
-    from envace_mcp.policy.embedded import embedded_model_dir
-    from envace_mcp.policy.adapter import Adapter
-    from envace_mcp.policy.tool_text import adapter_formats, write_adapter_format
+    from envace_mcp.engine.model import load_model  # torch: only when fitting
     from envace_mcp.policy.transformers import TransformersPolicy
-    from envace_mcp.train.config import SFTConfig
     from envace_mcp.train.sft import steps_per_epoch, train_sft
 
     out = Path(out)
@@ -218,8 +219,6 @@ def write_report(out: str | Path, result: dict[str, Any], measured_on: dict[str,
     """report.json and the trust table (bound to the adapter weights in the folder `weights`; None: to
     none, so it earns nothing when read), then report.png; returns why the plot was skipped, if it was
     (it needs matplotlib, which the base install leaves out: the figures never wait on it)."""
-    from envace_mcp.policy.trust import weights_digest, write_trust
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / REPORT_FILE).write_text(json.dumps(finite({**result, "measured_on": measured_on}), indent=1,

@@ -39,11 +39,14 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envace_mcp.policy.fidelity import copy_split, field_split, misses
 from envace_mcp.policy.trust import THRESHOLDS, earned
 from envace_mcp.worldmodel.calls import Observed, logged_like, with_similar
+
+if TYPE_CHECKING:
+    from envace_mcp.policy.types import SamplingParams
 
 KINDS = {"echoed": "echoed", "read": "seen", "computed": "new"}
 """Report names of `fidelity.field_split`'s kinds."""
@@ -223,7 +226,7 @@ def majority_of(calls: list[Observed]) -> dict[str, bool]:
     return {tool: failed > ok for tool, (ok, failed) in counts.items()}
 
 
-async def score_calls(policy: Any, calls: list[Observed], sampling: Any,
+async def score_calls(policy: Any, calls: list[Observed], sampling: SamplingParams,
                       on_call: Callable[[], None] | None = None) -> list[Scored]:
     """Rehearse each call with `policy` (a token policy: transformers or vLLM) as a run would, and score
     its real reply teacher-forced. Rehearsals go out together (the engine batches them). The policy's
