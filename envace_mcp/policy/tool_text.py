@@ -18,12 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from envace_mcp.errors import UserError
-
-if TYPE_CHECKING:
-    from envace_mcp.traces.schema import Trace
 
 ToolFormat = Literal["json", "compact"]
 
@@ -187,9 +184,10 @@ def reply_budgets(saved: dict[str, Any]) -> dict[str, int]:
             if isinstance(tool, str) and 0 < len(tool) <= 200 and isinstance(n, int) and not isinstance(n, bool) and n > 0}
 
 
-def _one_format(traces: Iterable[Trace], what: str, read: Callable[[Trace], Any], default: str) -> str:
+def _one_format(traces: Iterable[Any], what: str, read: Callable[[Any], Any], default: str) -> str:
     """The one value of a prompt format that recorded runs share (`read(trace)`, None = `default`);
-    mixed values are refused: one adapter learns one format."""
+    mixed values are refused: one adapter learns one format. (Runs are `traces.Trace`, a layer above: not
+    imported here.)"""
     found = {str(read(t) or default) for t in traces}
     if len(found) > 1:
         raise UserError(f"the runs were recorded with different {what} formats ({', '.join(sorted(found))}): "
@@ -197,12 +195,12 @@ def _one_format(traces: Iterable[Trace], what: str, read: Callable[[Trace], Any]
     return found.pop() if found else default
 
 
-def traces_rehearse_format(traces: Iterable[Trace]) -> str:
+def traces_rehearse_format(traces: Iterable[Any]) -> str:
     """The one rehearse prompt format recorded runs used (`Trace.rehearse_format`); mixed are refused."""
     return _one_format(traces, "rehearse", lambda t: getattr(t, "rehearse_format", None), "simulator")
 
 
-def traces_tool_format(traces: Iterable[Trace]) -> ToolFormat:
+def traces_tool_format(traces: Iterable[Any]) -> ToolFormat:
     """The one tool format recorded runs were rendered in (`Trace.metadata["tool_format"]`; runs recorded
     before it was recorded are "json"); mixed formats are refused: one adapter learns one format."""
     return _one_format(traces, "tool", lambda t: (getattr(t, "metadata", None) or {}).get("tool_format"),  # type: ignore[return-value]
