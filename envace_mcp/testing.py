@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from envace_mcp.envs import get_suite
 from envace_mcp.errors import UserError
 from envace_mcp.policy import prompts
 from envace_mcp.policy.base import PromptPolicy
@@ -111,6 +110,10 @@ QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_cal
 
 def _corpus() -> list[str]:
     import json
+
+    # not at the top: this module is also imported beside langchain-mcp-adapters, on mcp < 2, where the
+    # toolbox (which the suites import) cannot load (tests/graph/test_langchain_mcp_tools.py)
+    from envace_mcp.envs import get_suite
 
     texts = [prompts.ACT_SYSTEM, prompts.SIMULATOR_SYSTEM, prompts.CRITIC_SYSTEM, prompts.TOOLS_BLOCK_HEAD,
              prompts.TOOLS_BLOCK_TAIL, "<execution_result></execution_result>", "0123456789.,:;{}[]\"'"]

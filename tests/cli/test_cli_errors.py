@@ -39,11 +39,13 @@ def files(tmp_path_factory):
     (root / "no-servers.json").write_text(json.dumps({"mcpServers": {}}))
     (root / "grpo.json").write_text(json.dumps({"colour": "blue"}))
     (root / "fidelity.json").write_text(json.dumps({"fidelity_weight": 0.5}))  # simulated mode: nothing to earn it
-    (root / "started" / "checkpoint").mkdir(parents=True)  # a GRPO run started with k=4 that a resume must match
-    # (its setup.json of the first form, which named some flags only)
-    (root / "started" / "setup.json").write_text(json.dumps(
-        {"traces": None, "suite": "bank", "split": "train", "k": 4, "mode": "simulated", "kinds": None,
-         "max_new_tokens": 128, "rehearse_max_new_tokens": None}))
+    for started in ("started", "started-too"):  # a GRPO run started with k=4 that a resume must match: two
+        # alike, since the cases run two at a time and each holds its --out while it checks it
+        (root / started / "checkpoint").mkdir(parents=True)
+        # (its setup.json of the first form, which named some flags only)
+        (root / started / "setup.json").write_text(json.dumps(
+            {"traces": None, "suite": "bank", "split": "train", "k": 4, "mode": "simulated", "kinds": None,
+             "max_new_tokens": 128, "rehearse_max_new_tokens": None}))
     from envace_mcp.traces import Trace, TraceStore
 
     mixed = TraceStore(root / "mixed")  # runs whose act prompts wrote tools in two formats
@@ -187,7 +189,8 @@ BAD = [
     (["lab", "plot", "{f}/folder"], "no metrics.jsonl in"),
     (["train", "grpo", "--out", "{f}/started", "--suite", "bank", "--k", "8", "--mode", "simulated"],
      "another configuration (k: 4 → 8; there → now)"),
-    (["train", "grpo", "--out", "{f}/started", "--suite", "bank"], 'another configuration (mode: "simulated" → "real"'),
+    (["train", "grpo", "--out", "{f}/started-too", "--suite", "bank"],
+     'another configuration (mode: "simulated" → "real"'),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "/proc/envace-out"], "cannot write to /proc/envace-out"),
     (["eval", "--suite", "bank", "--policy", "noop", "--out", "{f}/a-file/out"], "cannot write to"),
     (["lab", "sample", "/proc/envace-out", "{f}/hosted"], "cannot write to /proc/envace-out"),
