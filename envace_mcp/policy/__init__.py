@@ -18,7 +18,6 @@ from envace_mcp.policy.types import (
     SamplingParams,
     ToolCall,
 )
-from envace_mcp.policy.vllm import PREFIX, VLLMPolicy
 
 __all__ = [
     # the seam
@@ -64,6 +63,8 @@ def load_policy(model: str | None = None, *, adapter: str | None = None, rehears
         kwargs.pop("tool_format", None)  # each adapter renders the tools as its envace.json says
         rehearse = load_policy(model, adapter=rehearse_adapter, **kwargs)
         return RolePolicies(act, rehearse, name=f"{act.name} + rehearse adapter {rehearse_adapter}")
+    from envace_mcp.policy.vllm import PREFIX, VLLMPolicy  # the HTTP client: not on every import of policy
+
     if model is not None and model.startswith(PREFIX):
         if kwargs.pop("constrain_calls", False):
             raise UserError("constrained tool calls run on the transformers backend; a vLLM server does not take them")
