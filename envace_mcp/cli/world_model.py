@@ -228,8 +228,10 @@ def show(result: dict[str, Any], title: str) -> None:
     rules = result.get("copy_rules") or {}
     if rules:
         console.print(f"copied by rule, not generated: {sum(map(len, rules.values()))} rules of {len(rules)} tools, "
-                      "each a field equal to an argument or an earlier value, or a whole reply equal to the logged "
-                      "reply to the same arguments, in ≥ 95 % of the training replies (report.json: copy_rules)")
+                      "each a field equal to an argument, an earlier value or what an argument names as shown earlier, "
+                      "a whole reply equal to the logged reply to the same arguments, or fields equal to the logged "
+                      "ones for the same value of an argument, in ≥ 95 % of the training replies or repeats "
+                      "(report.json: copy_rules)")
     decided = result.get("status_rules")
     if decided:
         by_rule = overall.get("by_rule") or {}

@@ -68,7 +68,7 @@ def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
     arguments = request.call.arguments if isinstance(request.call.arguments, dict) else {}
     given = dict(list((path, v) for path, v in leaves(arguments).items()
                       if "[" not in path and not isinstance(v, (dict, list)))[:MAX_ARGUMENTS])
-    texts = {p: v for p, v in given.items() if isinstance(v, str) and 0 < len(v) <= MAX_TEXT}
+    texts = text_arguments(request)
     numbers = {p: v for p, v in given.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     earlier = _earlier_calls(request)
     shown_texts: set[str] = set()
@@ -83,13 +83,8 @@ def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
         if known is not None and value not in known and value not in shown_texts:
             out.add(f"unseen {name}")
         keys = _keys(name)
-        state: dict[str, Any] = {}
-        for obj in objects:
-            if any(key in obj and same_value(obj[key], value) for key in keys):
-                state.update({k: v for k, v in obj.items() if not isinstance(v, (dict, list))})
+        state = state_of(objects, name, value)
         for key, field_value in state.items():
-            if key in keys:
-                continue
             if isinstance(field_value, bool):
                 out.add(f"{key} = {'true' if field_value else 'false'}")
             elif isinstance(field_value, str) and len(field_value) <= SHORT:
@@ -107,6 +102,29 @@ def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
             if isinstance(args, dict) and same_value(args.get(name, _MISSING), value):
                 out.add(f"after {'' if ok else 'failed '}{tool} with {name}")
     return out
+
+
+def text_arguments(request: RehearseRequest) -> dict[str, str]:
+    """The call's text arguments a state is read for (path -> text; not inside lists, bounded)."""
+    arguments = request.call.arguments if isinstance(request.call.arguments, dict) else {}
+    given = list((path, v) for path, v in leaves(arguments).items() if "[" not in path and not isinstance(v, (dict, list)))
+    return {p: v for p, v in given[:MAX_ARGUMENTS] if isinstance(v, str) and 0 < len(v) <= MAX_TEXT}
+
+
+def objects_shown(request: RehearseRequest) -> list[dict[str, Any]]:
+    """The objects of the run's earlier successful replies, oldest first (bounded as `facts` reads them)."""
+    return [obj for _, _, reply, ok in _earlier_calls(request) if ok for obj in _objects(reply)[:MAX_OBJECTS]]
+
+
+def state_of(objects: Iterable[dict[str, Any]], name: str, value: Any) -> dict[str, Any]:
+    """The *state* of what an argument called `name` with `value` names: the plain fields of the objects that
+    name it (`_keys`), latest value per field, the naming fields left out."""
+    keys = _keys(name)
+    state: dict[str, Any] = {}
+    for obj in objects:
+        if any(key in obj and same_value(obj[key], value) for key in keys):
+            state.update({k: v for k, v in obj.items() if not isinstance(v, (dict, list)) and k not in keys})
+    return state
 
 
 def _keys(name: str) -> set[str]:

@@ -1,17 +1,23 @@
 """Reply fields a world model copies by rule instead of writing them.
 
-Where a tool's logged replies show a field equal to one of the call's own arguments (a reservation's `sku`)
-or to the latest earlier value of that field's name in the run (the `item_name` a `get_item` read) in nearly
-every call, a rehearsal's predicted result takes that field from the call or the run, whatever the model
-wrote there; the rehearsal says which fields it copied (`Prediction.copied`).
+Where a tool's logged replies show a field equal to one of the call's own arguments (a reservation's `sku`),
+to the latest earlier value of that field's name in the run (the `item_name` a `get_item` read), or to that
+field of what an argument names as the run's earlier replies showed it (the `unit_price` of the item whose
+`sku` the call gives: its *state*, `call_facts.state_of`) in nearly every call, a rehearsal's predicted
+result takes that field from the call or the run, whatever the model wrote there; the rehearsal says which
+fields it copied (`Prediction.copied`).
 
     rules = learn(calls)              # from a fit's training calls: tool -> [CopyRule]
     write_rules(folder, rules, identities)   # copy_rules.json, each tool's rules bound to its identity
     table = read_rules(folder)        # None where the folder has none (or it is unreadable)
     prediction = table.apply(prediction, request)
 
-A tool whose reply to the same arguments was the same in nearly every logged repeat (a room catalog, a
-configuration: `Stable`) is predicted as its logged reply to those arguments, where the log has one.
+What the log already answers comes first (`policy.logged`): a tool whose reply to the same arguments was the
+same in nearly every logged repeat (a room catalog: `Stable`) is predicted as its logged reply to those
+arguments; a field that repeated for the same value of an argument (a room's name given its id: a
+`Lookup`) takes its logged value, in list elements the model did not write too.
+
+    write_rules(folder, learn(calls), identities, *learn_replies(calls))   # what `world-model fit` writes
 
 Learned from successful replies only. A field inside a list is one field for every element (`items[].category`:
 each listed item's category, where a listing echoes the category it was asked for; `[].origin` where the
@@ -25,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +39,18 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.messages import ToolMessage
 
 from envace_mcp._files import read_bounded
+from envace_mcp.policy.call_facts import objects_shown, state_of, text_arguments
 from envace_mcp.policy.fidelity import field_name, latest_values, leaves, parsed_json, same_value
+from envace_mcp.policy.logged import (
+    MIN_HELD,
+    MIN_SUPPORT,
+    Lookup,
+    Stable,
+    fill,
+    read_lookups,
+    read_stable,
+    write_lookup,
+)
 from envace_mcp.policy.prompts import content_text
 from envace_mcp.policy.types import Prediction, RehearseRequest
 
@@ -42,21 +58,16 @@ if TYPE_CHECKING:
     from envace_mcp.toolbox.catalog import ToolSpec
 
 RULES_FILE = "copy_rules.json"
-MIN_SUPPORT = 5
-MIN_HELD = 0.95
 MAX_BYTES = 1 << 20
 MAX_RULES = 64
 """Rules kept per tool (and read per tool from a file)."""
-MAX_REPLIES = 64
-"""Logged replies kept per stable tool (the most asked arguments first)…"""
-MAX_REPLY_BYTES = 16 << 10
-"""…each at most this long as JSON, and all of them under half of `MAX_BYTES`."""
 
 
 @dataclass(frozen=True)
 class CopyRule:
     """`field` of a tool's reply (a dotted path outside lists) equals the call's argument `name` (`source`
-    "argument", a dotted path) or the latest earlier value in the run of the field named `name` ("earlier")."""
+    "argument", a dotted path), the latest earlier value in the run of the field named `name` ("earlier"),
+    or the field of that name in the state of what the call's argument `name` names ("state")."""
 
     field: str
     """A dotted path; `[]` after a name stands for every element of that list."""
@@ -65,10 +76,12 @@ class CopyRule:
     support: int
     held: float
 
-    def value(self, arguments: Any, earlier: dict[str, Any]) -> tuple[bool, Any]:
-        """(whether the source has a value for this call, the value)."""
+    def value(self, arguments: Any, earlier: dict[str, Any], states: dict[str, dict[str, Any]]) -> tuple[bool, Any]:
+        """(whether the source has a value for this call, the value); `states`: each text argument's state."""
         if self.source == "argument":
             found = leaves(arguments).get(self.name, _MISSING) if isinstance(arguments, dict) else _MISSING
+        elif self.source == "state":
+            found = states.get(self.name, {}).get(field_name(self.field), _MISSING)
         else:
             found = earlier.get(self.name, _MISSING)
         return found is not _MISSING, found
@@ -80,8 +93,8 @@ _ELEMENT = re.compile(r"\[\d+\]")
 
 def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
     """Copy rules of each tool from real calls (`worldmodel.calls.Observed`: `tool`, `failed`, `value`,
-    `request.call.arguments`, `earlier`): per field, the source that held most often, kept where it held in
-    `MIN_HELD` of at least `MIN_SUPPORT` replies (an argument before an earlier value on a tie)."""
+    `request`, `earlier`): per field, the source that held most often, kept where it held in `MIN_HELD` of at
+    least `MIN_SUPPORT` replies (on a tie an argument, then a state, then an earlier value)."""
     counts: dict[str, dict[tuple[str, str, str], list[int]]] = {}
     for call in calls:
         if call.failed:
@@ -92,6 +105,7 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
         arguments = call.request.call.arguments
         given = {p: v for p, v in leaves(arguments).items() if "[" not in p} if isinstance(arguments, dict) else {}
         latest = latest_values(call.earlier)
+        states = states_of(call.request)
         tally = counts.setdefault(call.tool, {})
         for exact, value in leaves(reply).items():
             if isinstance(value, (dict, list)):
@@ -105,6 +119,11 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
                     seen[0] += same_value(value, source_value)
                     seen[1] += 1
             key = field_name(path)
+            for name, state in states.items():
+                if key in state:
+                    seen = tally.setdefault((path, "state", name), [0, 0])
+                    seen[0] += same_value(value, state[key])
+                    seen[1] += 1
             if key in latest and not isinstance(latest[key], (dict, list)):
                 seen = tally.setdefault((path, "earlier", key), [0, 0])
                 seen[0] += same_value(value, latest[key])
@@ -124,63 +143,16 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
     return rules
 
 
-@dataclass(frozen=True)
-class Stable:
-    """A tool whose successful reply to the same arguments equalled the latest logged one in `held` of the
-    `support` logged repeats; `replies`: the latest logged reply to each arguments (canonical JSON) kept."""
-
-    support: int
-    held: float
-    replies: dict[str, Any]
-
-    def reply(self, arguments: Any) -> Any:
-        """The logged reply to `arguments`, or None."""
-        return self.replies.get(_canonical(arguments)) if isinstance(arguments, dict) else None
+def states_of(request: Any) -> dict[str, dict[str, Any]]:
+    """The state of what each of the call's text arguments names, as the run's earlier replies showed it."""
+    objects = objects_shown(request)
+    return {path: state_of(objects, field_name(path), value) for path, value in text_arguments(request).items()}
 
 
-def learn_stable(calls: Iterable[Any]) -> dict[str, Stable]:
-    """The tools whose JSON replies (objects or lists) to the same arguments repeated in `MIN_HELD` of at least
-    `MIN_SUPPORT` logged repeats (in log order), each with its latest logged replies (bounded)."""
-    latest: dict[str, dict[str, Any]] = {}
-    asked: dict[str, Counter[str]] = defaultdict(Counter)
-    repeats: dict[str, list[int]] = {}
-    for call in calls:
-        reply = parsed_json(call.value)
-        arguments = call.request.call.arguments
-        if call.failed or not isinstance(reply, (dict, list)) or not isinstance(arguments, dict):
-            continue
-        key = _canonical(arguments)
-        replies = latest.setdefault(call.tool, {})
-        if key in replies:
-            seen = repeats.setdefault(call.tool, [0, 0])
-            seen[0] += replies[key] == reply
-            seen[1] += 1
-        replies[key] = reply
-        asked[call.tool][key] += 1
-    out: dict[str, Stable] = {}
-    budget = MAX_BYTES // 2
-    for tool, (held, support) in sorted(repeats.items()):
-        if support < MIN_SUPPORT or held / support < MIN_HELD:
-            continue
-        kept: dict[str, Any] = {}
-        for key, _ in asked[tool].most_common(MAX_REPLIES):
-            size = len(json.dumps(latest[tool][key], ensure_ascii=False).encode()) + len(key.encode())
-            if size <= MAX_REPLY_BYTES and size <= budget:
-                kept[key] = latest[tool][key]
-                budget -= size
-        if kept:
-            out[tool] = Stable(support, round(held / support, 4), kept)
-    return out
-
-
-def _canonical(arguments: dict[str, Any]) -> str:
-    return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
-
-
-def _rank(rule: CopyRule) -> tuple[float, bool, int, bool]:
-    # the rule that held most often; then an argument (the call itself says it); then more support; then
-    # an argument of the field's own name
-    return rule.held, rule.source == "argument", rule.support, rule.name == field_name(rule.field)
+def _rank(rule: CopyRule) -> tuple[float, int, int, bool]:
+    # the rule that held most often; then an argument (the call itself says it), then the state of what it
+    # names, then the latest value of the field's name; then more support; then a source of the field's name
+    return rule.held, ("earlier", "state", "argument").index(rule.source), rule.support, rule.name == field_name(rule.field)
 
 
 Identity = tuple[str | None, str | None]
@@ -220,23 +192,30 @@ class RuleTable(BoundRules):
     source: str | None = None
     stable: dict[str, tuple[Identity, Stable]] = field(default_factory=dict)
     """Tools predicted as their logged reply to the same arguments, each bound to its identity."""
+    lookups: dict[str, tuple[Identity, list[Lookup]]] = field(default_factory=dict)
+    """Each tool's fields taken from the logged reply to the same value of an argument, bound likewise."""
 
     def summary(self) -> dict[str, list[str]]:
         """Each tool's rules in words, as a report states them."""
-        words = {tool: [f"{r.field} = {'argument' if r.source == 'argument' else 'latest earlier'} {r.name} "
-                        f"(held in {r.held:.0%} of {r.support})" for r in rules]
+        source = {"argument": "argument {}", "earlier": "latest earlier {}", "state": "that of what {} names, as shown"}
+        words = {tool: [f"{r.field} = {source[r.source].format(r.name)} (held in {r.held:.0%} of {r.support})"
+                        for r in rules]
                  for tool, (_, rules) in self.tools.items()}
         for tool, (_, found) in self.stable.items():
             words.setdefault(tool, []).insert(0, f"the whole reply = the logged reply to the same arguments "
                                                  f"(held in {found.held:.0%} of {found.support} repeats; "
                                                  f"{len(found.replies)} kept)")
+        for tool, (_, lookups) in self.lookups.items():
+            words.setdefault(tool, [])[:0] = [lookup.words() for lookup in lookups]
         return dict(sorted(words.items()))
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
-        """`prediction` with its result's fields set by the rules of the rehearsed tool where their source has
-        a value (a field is set only where its parent object was predicted; a result cut at its budget before
-        anything of it parsed counts as an empty object); an error or an unreadable rehearsal, or a result
-        that is neither an object nor a list, is returned as it is."""
+        """`prediction` with its result's fields set by what the log answers for this call (the whole logged
+        reply of a stable tool; else the fields its lookups know, making the objects and list elements they
+        sit in) and by the copy rules of the rehearsed tool where their source has a value (a field is set only
+        where its parent object was predicted); a result cut at its budget before anything of it parsed counts
+        as an empty object. An error or an unreadable rehearsal, or a result that is neither an object nor a
+        list, is returned as it is."""
         given = prediction
         if prediction.status == "result" and prediction.partial and prediction.result is None:
             prediction = prediction.model_copy(update={"result": {}})
@@ -247,14 +226,15 @@ class RuleTable(BoundRules):
         if logged is not None:
             copied = sorted(logged) if isinstance(logged, dict) else ["[]"]  # a list: the whole of it
             return prediction.model_copy(update={"result": json.loads(json.dumps(logged)), "copied": copied})
-        rules = self.for_tool(request.tool)
-        if not rules:
+        rules, lookups = self.for_tool(request.tool), bound(self.lookups, request.tool) or []
+        if not rules and not lookups:
             return given
         earlier = latest_values(content_text(m.content) for m in request.history if isinstance(m, ToolMessage))
-        result, copied = json.loads(json.dumps(prediction.result)), []
+        result, copied = fill(json.loads(json.dumps(prediction.result)), lookups, request.call.arguments)
+        states = states_of(request) if any(rule.source == "state" for rule in rules) else {}
         for rule in rules:
-            found, value = rule.value(request.call.arguments, earlier)
-            if found and _set(result, rule.field, value):
+            found, value = rule.value(request.call.arguments, earlier, states)
+            if found and _set(result, rule.field, value) and rule.field not in copied:
                 copied.append(rule.field)
         if not copied:
             return given
@@ -334,15 +314,17 @@ def read_extra(tools: dict[Any, Any], key: str, parse: Callable[[Any], Any]) -> 
 
 
 def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities: dict[str, Identity],
-                stable: dict[str, Stable] | None = None) -> Path:
-    """`copy_rules.json` in `folder`: each tool's rules, and its logged replies where it is `stable`, with the
-    (server, behaviour) they were learned on."""
-    stable = stable or {}
-    every = {tool: rules.get(tool, []) for tool in sorted({*rules, *stable})}
-    return write_bound(Path(folder) / RULES_FILE, every, identities,
-                       {tool: {"stable": {"support": s.support, "held": s.held,
-                                          "replies": [[json.loads(k), v] for k, v in s.replies.items()]}}
-                        for tool, s in stable.items()})
+                stable: dict[str, Stable] | None = None, lookups: dict[str, list[Lookup]] | None = None) -> Path:
+    """`copy_rules.json` in `folder`: each tool's rules, its logged replies where it is `stable` and its
+    `lookups`, with the (server, behaviour) they were learned on."""
+    stable, lookups = stable or {}, lookups or {}
+    every = {tool: rules.get(tool, []) for tool in sorted({*rules, *stable, *lookups})}
+    extra: dict[str, dict[str, Any]] = {tool: {"stable": {"support": s.support, "held": s.held,
+                                                          "replies": [[json.loads(k), v] for k, v in s.replies.items()]}}
+                                        for tool, s in stable.items()}
+    for tool, found in lookups.items():
+        extra.setdefault(tool, {})["lookups"] = [write_lookup(lookup) for lookup in found]
+    return write_bound(Path(folder) / RULES_FILE, every, identities, extra)
 
 
 def read_rules(folder: str | Path | None) -> RuleTable | None:
@@ -355,21 +337,8 @@ def read_rules(folder: str | Path | None) -> RuleTable | None:
     if read is None:
         return None
     table, data = read
-    return RuleTable(table, source=str(path), stable=read_extra(data["tools"], "stable", _stable))
-
-
-def _stable(data: Any) -> Stable | None:
-    if not isinstance(data, dict):
-        return None
-    support, held, replies = data.get("support"), data.get("held"), data.get("replies")
-    if not (isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
-            and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1
-            and isinstance(replies, list)):
-        return None
-    kept = {_canonical(pair[0]): pair[1] for pair in replies[:MAX_REPLIES]
-            if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict)
-            and isinstance(pair[1], (dict, list))}
-    return Stable(support, float(held), kept) if kept else None
+    return RuleTable(table, source=str(path), stable=read_extra(data["tools"], "stable", read_stable),
+                     lookups=read_extra(data["tools"], "lookups", read_lookups))
 
 
 def _rule(data: Any) -> CopyRule | None:
@@ -377,7 +346,7 @@ def _rule(data: Any) -> CopyRule | None:
         return None
     field, source, name = data.get("field"), data.get("source"), data.get("name")
     support, held = data.get("support"), data.get("held")
-    if not (isinstance(field, str) and isinstance(name, str) and source in ("argument", "earlier")
+    if not (isinstance(field, str) and isinstance(name, str) and source in ("argument", "earlier", "state")
             and 0 < len(field) <= 200 and 0 < len(name) <= 200 and "[" not in field.replace("[].", ".")
             and isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
             and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1):

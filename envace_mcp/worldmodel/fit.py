@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from envace_mcp._progress import Progress
 from envace_mcp.errors import UserError
 from envace_mcp.policy.adapter import Adapter
-from envace_mcp.policy.copying import learn, learn_stable, write_rules
+from envace_mcp.policy.copying import learn, write_rules
+from envace_mcp.policy.logged import learn_replies
 from envace_mcp.policy import status_rules
 from envace_mcp.policy.embedded import embedded_model_dir
 from envace_mcp.policy.recall import CallLog
@@ -200,7 +201,7 @@ def fit(traces: str | Path, out: str | Path, *, model: str | None = None, adapte
         log.write(out)
     side = learned_from(calls, how["trained_runs"])
     identities = {c.tool: (c.spec.server or None, c.spec.behaviour) for c in side}
-    write_rules(out, learn(side), identities, learn_stable(side))
+    write_rules(out, learn(side), identities, *learn_replies(side))
     status_rules.write_rules(out, status_rules.learn(side), identities)
     measured = {"traces": str(traces), **how, "model": model or "embedded", "started_from": str(adapter) if adapter else None,
                 "skipped_too_long": too_long, "recalls": len(log) if log is not None else 0, "unknown_tools": unknown, "failure_copies": failure_copies(train),

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from envace_mcp.policy.copying import MIN_SUPPORT, RULES_FILE, learn, learn_stable, read_rules, write_rules
+from envace_mcp.policy.copying import MIN_SUPPORT, RULES_FILE, learn, read_rules, write_rules
+from envace_mcp.policy.logged import learn_lookups, learn_replies, learn_stable
 from envace_mcp.policy.types import Prediction, RehearseRequest, ToolCall
 from envace_mcp.toolbox import ToolSpec
 
@@ -17,9 +18,9 @@ SPEC = ToolSpec.from_dict({"name": "reserve", "description": "hold units", "serv
                            "input_schema": {"type": "object"}})
 
 
-def observed(tool, arguments, value, earlier=(), failed=False):
+def observed(tool, arguments, value, earlier=(), failed=False, history=()):
     return SimpleNamespace(tool=tool, failed=failed, value=value, earlier=list(earlier),
-                           request=SimpleNamespace(call=SimpleNamespace(arguments=arguments)))
+                           request=SimpleNamespace(call=SimpleNamespace(arguments=arguments), history=list(history)))
 
 
 def reservations(n, *, wrong=0):
@@ -214,3 +215,117 @@ async def test_a_policy_carrying_rules_applies_them_to_its_own_rehearsals(tiny_q
     assert result.copied == ["account_id"] and "SAV-9" in result.text
     error = (await policy.rehearse(call)).parsed
     assert error.status == "tool_error" and not error.copied
+
+
+LISTING = ToolSpec.from_dict({"name": "list_items", "description": "items of a category", "server": "inventory",
+                              "input_schema": {"type": "object"}})
+
+
+def listings(n, *, moved=0):
+    """`n` listings by one of two categories: each category's items (names, skus) stay, their stock moves
+    with every call; after the first `moved` repeats a category lists a new item first."""
+    calls = []
+    for i in range(n):
+        category = ("office", "garden")[i % 2]
+        items = [{"sku": f"{category[:3].upper()}-{k}", "name": f"{category} {k}", "on_hand": 10 * i + k}
+                 for k in range(3)]
+        if 2 <= i < 2 + moved:
+            items.insert(0, {"sku": "NEW-1", "name": "new", "on_hand": 1})
+        calls.append(observed("list_items", {"category": category, "page": i}, {"category": category, "items": items}))
+    return calls
+
+
+def test_fields_that_repeat_for_the_same_argument_are_looked_up_in_the_log_with_the_list_elements_they_sit_in(tmp_path):
+    lookups = learn_lookups(listings(14))
+    assert [lookup.key for lookup in lookups["list_items"]] == ["category"]  # `page` tells nothing; all arguments never repeat
+    (lookup,) = lookups["list_items"]
+    assert set(lookup.held) == {"category", *(f"items[{k}].{f}" for k in range(3) for f in ("sku", "name"))}
+    assert lookup.held["items[2].sku"] == (1.0, 12) and "items[0].on_hand" not in lookup.held  # stock moves
+    assert learn_lookups(listings(14, moved=1)).get("list_items", [None])[0].held.keys() == {"category"}  # 10 of 12
+    assert learn_lookups(listings(MIN_SUPPORT + 1)) == {}  # 4 repeats: too few to say
+    stable, found = learn_replies(listings(14) + catalog(12))
+    assert list(stable) == ["list_rooms"] and list(found) == ["list_items"]  # a stable tool needs no lookup
+    write_rules(tmp_path, {}, {"list_items": (LISTING.server, LISTING.behaviour)}, {}, lookups)
+    table = read_rules(tmp_path)
+    assert table.summary()["list_items"][0].startswith("category, items[].name, items[].sku = the logged value for the same category")
+    guess = Prediction(tool="list_items", status="result", text="{...}",
+                       result={"category": "office", "items": [{"sku": "X", "name": "made up", "on_hand": 7}]})
+    got = table.apply(guess, request({"category": "garden", "page": 99}, spec=LISTING))
+    assert got.result == {"category": "garden", "items": [{"sku": "GAR-0", "name": "garden 0", "on_hand": 7},
+                                                          {"sku": "GAR-1", "name": "garden 1"},
+                                                          {"sku": "GAR-2", "name": "garden 2"}]}
+    assert got.copied == ["category", "items[].name", "items[].sku"] and got.text == "{...}"
+    assert guess.result["items"][0]["sku"] == "X"  # the model's own prediction is not changed in place
+    assert table.apply(guess, request({"category": "kitchen"}, spec=LISTING)) == guess  # never logged: the model's
+    cut = Prediction(tool="list_items", status="result", code="CUT", partial=True, result=None, text='{"cat')
+    assert table.apply(cut, request({"category": "office"}, spec=LISTING)).result["items"][1] == {"sku": "OFF-1", "name": "office 1"}
+    error = Prediction(tool="list_items", status="tool_error", code="EXECUTION_ERROR", message="down")
+    assert table.apply(error, request({"category": "office"}, spec=LISTING)) == error  # never turns a failure into a reply
+    moved = ToolSpec.from_dict({"name": "list_items", "description": "items of a category", "server": "other",
+                                "input_schema": {"type": "object"}})
+    assert table.apply(guess, request({"category": "garden"}, spec=moved)) == guess  # another server's tool
+
+
+def test_a_lookup_fills_a_reply_that_is_a_list_and_replaces_what_the_model_wrote_where_an_object_belongs(tmp_path):
+    flights = [observed("search", {"origin": "JFK"}, [{"flight": "HAT1", "seats": i}, {"flight": "HAT2"}])
+               for i in range(7)]
+    lookups = learn_lookups(flights)
+    assert [(lookup.key, sorted(lookup.held)) for lookup in lookups["search"]] == [("origin", ["[0].flight", "[1].flight"])]
+    spec = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "air", "input_schema": {"type": "object"}})
+    write_rules(tmp_path, {}, {"search": (spec.server, spec.behaviour)}, {}, lookups)
+    table = read_rules(tmp_path)
+    cut = Prediction(tool="search", status="result", code="CUT", partial=True, result=None, text="[{")
+    assert table.apply(cut, request({"origin": "JFK"}, spec=spec)).result == [{"flight": "HAT1"}, {"flight": "HAT2"}]
+    odd = Prediction(tool="search", status="result", result=["HAT1", {"flight": "X", "seats": 3}])
+    assert table.apply(odd, request({"origin": "JFK"}, spec=spec)).result == [{"flight": "HAT1"}, {"flight": "HAT2", "seats": 3}]
+    whole = Prediction(tool="search", status="result", result={"flights": []})
+    assert table.apply(whole, request({"origin": "JFK"}, spec=spec)) == whole  # a reply of the other kind: left alone
+
+
+def test_a_rules_files_lookups_are_untrusted_input(tmp_path):
+    held = {"room_name": [1.0, 9], "bookings[0].id": [1.0, 9], "weak": [0.5, 9], "few": [1.0, 2],
+            "bookings[9999].id": [1.0, 9], "a..b": [1.0, 9], "x" * 300: [1.0, 9]}
+    values = [["R-1", {"room_name": "Elm", "bookings[0].id": "BK-1", "weak": 1, "deep": 2}],
+              ["R-2", {"room_name": {"rm": "-rf"}}], [{"room_id": "R-3"}], "R-4", None]
+    entry = {"server": "booking", "behaviour": "b", "rules": []}
+    (tmp_path / RULES_FILE).write_text(json.dumps({"tools": {
+        "list_bookings": {**entry, "lookups": [{"key": "room_id", "held": held, "values": values},
+                                               {"key": "", "held": held, "values": values}, "junk", None]},
+        "unbound": {"server": "booking", "rules": [], "lookups": [{"key": "room_id", "held": held, "values": values}]},
+        "nothing": {**entry, "lookups": [{"key": "room_id", "held": {"weak": [0.5, 9]}, "values": values}]}}}))
+    table = read_rules(tmp_path)
+    assert list(table.lookups) == ["list_bookings"]
+    (lookup,) = table.lookups["list_bookings"][1]
+    assert set(lookup.held) == {"room_name", "bookings[0].id"}  # weak, unsupported, too long or malformed: dropped
+    assert lookup.values == {'"R-1"': {"room_name": "Elm", "bookings[0].id": "BK-1"}}  # an object is no field's value
+
+
+def shown(items):
+    """A run's history in which `get_item` showed each of `items` (and a failed call's JSON error, which shows nothing)."""
+    history = [HumanMessage(content="hold some")]
+    for i, item in enumerate([*items, {"sku": items[0]["sku"], "unit_price": 0.0}]):
+        failed = i == len(items)
+        history += [AIMessage(content="", tool_calls=[{"name": "get_item", "args": {"sku": item["sku"]}, "id": f"g{i}"}]),
+                    ToolMessage(content=json.dumps(item), tool_call_id=f"g{i}", status="error" if failed else "success")]
+    return history
+
+
+def test_a_field_equal_to_that_of_what_an_argument_names_as_the_run_showed_it_becomes_a_state_rule(tmp_path):
+    calls = []
+    for i in range(12):  # each run read two items, then reserved the first: the latest price read is the other's
+        first, second = {"sku": f"A-{i}", "unit_price": 2.0 + i}, {"sku": f"B-{i}", "unit_price": 50.0 + i}
+        calls.append(observed("reserve", {"sku": first["sku"], "quantity": 1},
+                              {"sku": first["sku"], "unit_price": first["unit_price"]},
+                              earlier=[first, second], history=shown([first, second])))
+    rules = {r.field: r for r in learn(calls)["reserve"]}
+    assert (rules["unit_price"].source, rules["unit_price"].name, rules["unit_price"].held) == ("state", "sku", 1.0)
+    assert rules["sku"].source == "argument"  # on a tie the call's own argument wins
+    write_rules(tmp_path, learn(calls), {"reserve": (SPEC.server, SPEC.behaviour)})
+    table = read_rules(tmp_path)
+    assert "unit_price = that of what sku names, as shown (held in 100% of 12)" in table.summary()["reserve"]
+    guess = Prediction(tool="reserve", status="result", result={"sku": "X", "unit_price": 1.0, "total": 3.0})
+    history = shown([{"sku": "OFF-7", "unit_price": 9.5}, {"sku": "OFF-8", "unit_price": 4.0}])
+    got = table.apply(guess, request({"sku": "OFF-7", "quantity": 3}, history))
+    assert got.result == {"sku": "OFF-7", "unit_price": 9.5, "total": 3.0} and sorted(got.copied) == ["sku", "unit_price"]
+    unseen = table.apply(guess, request({"sku": "OFF-9", "quantity": 3}, history))  # the run never showed OFF-9
+    assert unseen.result["unit_price"] == 1.0 and unseen.copied == ["sku"]

@@ -217,7 +217,8 @@ def test_report_on_a_copy_of_the_log_elsewhere_leaves_out_the_runs_the_fit_train
 def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_loaded_world_model_carries_them(
         fitted, bank_calls, tiny_qwen3_dir):
     from envace_mcp.policy import load_policy, status_rules
-    from envace_mcp.policy.copying import learn, learn_stable, read_rules
+    from envace_mcp.policy.copying import learn, read_rules
+    from envace_mcp.policy.logged import learn_replies
     from envace_mcp.worldmodel import read_calls
 
     out, printed = fitted
@@ -226,12 +227,16 @@ def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_lo
     trained = [c for c in calls if c.episode in set(setup["trained_runs"])]
     rules = read_rules(out)
     assert rules is not None and {t: r for t, (_, r) in rules.tools.items()} == learn(trained)  # (14 calls: few)
-    assert {t: found for t, (_, found) in rules.stable.items()} == learn_stable(trained)
+    stable, lookups = learn_replies(trained)
+    assert {t: found for t, (_, found) in rules.stable.items()} == stable
+    assert {t: found for t, (_, found) in rules.lookups.items()} == lookups
     assert report["copy_rules"] == rules.summary() and ("copied by rule" in printed) == bool(rules.summary())
     assert all(server == "bank" and behaviour for (server, behaviour), _ in rules.tools.values())
     ruled = {t: {r.field for r in found} for t, (_, found) in rules.tools.items()}
     for t, (_, found) in rules.stable.items():  # a logged reply is copied whole
         ruled.setdefault(t, set()).update(k for reply in found.replies.values() for k in reply)
+    for t, (_, found) in rules.lookups.items():  # a field logged for the same argument
+        ruled.setdefault(t, set()).update(re.sub(r"\[\d+\]", "[]", p) for lookup in found for p in lookup.held)
     copied = [c for c in report["calls"] if c.get("copied")]
     assert all(set(c["copied"]) <= ruled[c["tool"]] for c in copied)
     loaded = load_policy(str(tiny_qwen3_dir), adapter=str(out))
