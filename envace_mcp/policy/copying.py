@@ -263,14 +263,14 @@ def _set(obj: Any, path: str, value: Any) -> bool:
 
 
 def write_bound(path: Path, rules: dict[str, list[Any]], identities: dict[str, Identity],
-                per_tool: dict[str, dict[str, Any]] | None = None, **extra: Any) -> Path:
+                per_tool: dict[str, dict[str, Any]] | None = None, indent: int | None = 1, **extra: Any) -> Path:
     """A rules file: each tool's rules (dataclasses) with the identity they were learned on and its entry in
-    `per_tool`, and `extra`."""
+    `per_tool`, and `extra`; `indent=None`: compact, as long as the sizes its entries were budgeted at."""
     data = {"tools": {tool: {"server": identities.get(tool, (None, None))[0],
                              "behaviour": identities.get(tool, (None, None))[1],
                              "rules": [asdict(r) for r in found], **(per_tool or {}).get(tool, {})}
                       for tool, found in rules.items()}, **extra}
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    path.write_text(json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
     return path
 
 
@@ -324,7 +324,10 @@ def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities
                                         for tool, s in stable.items()}
     for tool, found in lookups.items():
         extra.setdefault(tool, {})["lookups"] = [write_lookup(lookup) for lookup in found]
-    return write_bound(Path(folder) / RULES_FILE, every, identities, extra)
+    path = write_bound(Path(folder) / RULES_FILE, every, identities, extra, indent=None)
+    if path.stat().st_size > MAX_BYTES:  # past what `read_rules` reads: keep the rules at least
+        path = write_bound(path, {tool: found for tool, found in rules.items() if found}, identities)
+    return path
 
 
 def read_rules(folder: str | Path | None) -> RuleTable | None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from envace_mcp.policy.fidelity import leaves, parsed_json, same_value
+from envace_mcp.policy.fidelity import parsed_json, same_value
 
 MIN_SUPPORT = 5
 """Repeats (or, for a copy rule, replies) a rule needs…"""
@@ -38,12 +38,20 @@ MAX_REPLY_BYTES = 16 << 10
 MAX_LOGGED_BYTES = 512 << 10
 """…and all of a fit's kept replies and values together at most this long (half of what a rules file may be)."""
 MAX_PATHS = 256
-"""Fields kept per lookup."""
+"""Fields kept per lookup (the first, in list order)…"""
+MAX_LOOKUPS = 8
+"""…lookups kept per tool…"""
 MAX_INDEX = 255
-"""The last list element a lookup may set (a rules file cannot make a prediction grow without bound)."""
+"""…the last list element one may set…"""
+MAX_MADE = 1024
+"""…and the list elements and objects a rehearsal's lookups may make in all (a rules file cannot make a
+prediction grow without bound)."""
+MAX_PATH = 200
+"""Longest field path learned or read."""
 ALL = "*"
 """A lookup keyed by all of the call's arguments at once."""
 _PATH = re.compile(r"(?:[^.\[\]]+|\[\d{1,3}\])(?:\.[^.\[\]]+|\[\d{1,3}\])*")
+_KEY = re.compile(r"[^.\[\]]+")
 _PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 _INDEX = re.compile(r"\[\d+\]")
 
@@ -142,7 +150,20 @@ def _keys(arguments: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _plain(reply: Any) -> dict[str, Any]:
-    return {p: v for p, v in leaves(reply).items() if not isinstance(v, (dict, list)) and _PATH.fullmatch(p)}
+    """The plain leaf fields of a reply a lookup may hold: under `MAX_PATH` characters, no list index past
+    `MAX_INDEX`, and none under a key that a path cannot spell (one with `.`, `[` or `]`)."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [("", reply)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else k, v) for k, v in value.items()
+                      if isinstance(k, str) and _KEY.fullmatch(k)]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value[:MAX_INDEX + 1])]
+        elif path and len(path) <= MAX_PATH:
+            out[path] = value
+    return out
 
 
 def learn_lookups(calls: Iterable[Any], stable: Iterable[str] = (), budget: list[int] | None = None
@@ -175,7 +196,7 @@ def learn_lookups(calls: Iterable[Any], stable: Iterable[str] = (), budget: list
         held = {path: (round(h / n, 4), n) for path, (h, n) in sorted(counts.items())
                 if n >= MIN_SUPPORT and h / n >= MIN_HELD}
         if held:
-            found[(tool, key)] = dict(list(held.items())[:MAX_PATHS])
+            found[(tool, key)] = dict(sorted(held.items(), key=lambda item: _order(item[0]))[:MAX_PATHS])
     out: dict[str, list[Lookup]] = {}
     for (tool, key), held in found.items():
         if key == ALL and any(t == tool and k != ALL and held.keys() <= other.keys()
@@ -183,10 +204,43 @@ def learn_lookups(calls: Iterable[Any], stable: Iterable[str] = (), budget: list
             continue  # the same calls told apart by one argument: that lookup says it all
         logged = {value: {p: v for p, v in fields.items() if p in held}
                   for value, fields in latest[(tool, key)].items()}
+        if not _telling(logged):
+            continue  # every field it holds is the key's own value, or one value whatever the key
+        if len(out.get(tool, [])) == MAX_LOOKUPS or not _take(budget, held):
+            continue
         kept = _bounded({v: f for v, f in logged.items() if f}, asked[(tool, key)], budget)
         if kept:
             out.setdefault(tool, []).append(Lookup(key, held, kept))
     return out
+
+
+def _telling(logged: dict[str, dict[str, Any]]) -> bool:
+    """Whether some field of the logged values (key value -> fields) tells more than the call does: it takes
+    more than one value across the key's values, and is not the key's own value (an argument's, for `ALL`)."""
+    paths = {p for fields in logged.values() for p in fields}
+    for path in paths:
+        seen = [(json.loads(value), fields[path]) for value, fields in logged.items() if path in fields]
+        if len({canonical(v) for _, v in seen}) < 2:
+            continue
+        if not all(same_value(v, k) or isinstance(k, dict) and any(same_value(v, a) for a in k.values())
+                   for k, v in seen):
+            return True
+    return False
+
+
+def _order(path: str) -> list[tuple[int, int | str]]:
+    """A path's sort key: list indices in number order (`items[2]` before `items[10]`)."""
+    return [(0, int(index)) if index else (1, name) for index, name in _PART.findall(path)]
+
+
+def _take(budget: list[int] | None, value: Any) -> bool:
+    """Take `value`'s size as JSON from `budget[0]`, where it fits."""
+    size = len(json.dumps(value, ensure_ascii=False).encode())
+    if budget is not None and size > budget[0]:
+        return False
+    if budget is not None:
+        budget[0] -= size
+    return True
 
 
 def _bounded(replies: dict[str, Any], asked: Counter[str], budget: list[int] | None) -> dict[str, Any]:
@@ -216,7 +270,9 @@ def fill(result: Any, lookups: Iterable[Lookup], arguments: Any) -> tuple[Any, l
             found.setdefault(path, value)
     if result == {} and found and all(p.startswith("[") for p in found):
         result = []
-    copied = {_INDEX.sub("[]", p) for p, v in sorted(found.items()) if _put(result, _parts(p), v)}
+    made = [MAX_MADE]  # in list order, so an element is made only next to one before it: no gaps
+    copied = {_INDEX.sub("[]", p) for p, v in sorted(found.items(), key=lambda item: _order(item[0]))
+              if _put(result, _parts(p), v, made)}
     return result, sorted(copied)
 
 
@@ -224,14 +280,19 @@ def _parts(path: str) -> list[int | str]:
     return [int(index) if index else name for index, name in _PART.findall(path)]
 
 
-def _put(node: Any, parts: list[int | str], value: Any) -> bool:
+def _put(node: Any, parts: list[int | str], value: Any, made: list[int]) -> bool:
     """Set `parts` of `node` to `value`, making the objects and list elements on the way (a value the model
-    wrote where an object or list belongs is replaced); False where the root is of the other kind."""
+    wrote where an object or list belongs is replaced; a list grows only by its next element, `made[0]` of
+    them and of the objects at most); False where the root is of the other kind, or it cannot be made."""
     part, rest = parts[0], parts[1:]
     if isinstance(part, int):
-        if not isinstance(node, list) or part > MAX_INDEX:
+        if not isinstance(node, list) or part > min(len(node), MAX_INDEX):
             return False
-        node.extend(None for _ in range(part + 1 - len(node)))
+        if part == len(node):
+            if made[0] <= 0:
+                return False
+            made[0] -= 1
+            node.append(None)
     elif not isinstance(node, dict):
         return False
     if not rest:
@@ -240,8 +301,11 @@ def _put(node: Any, parts: list[int | str], value: Any) -> bool:
     kind = list if isinstance(rest[0], int) else dict
     current = node[part] if isinstance(node, list) else node.get(part)
     if not isinstance(current, kind):
+        if made[0] <= 0:
+            return False
+        made[0] -= 1
         node[part] = kind()
-    return _put(node[part], rest, value)
+    return _put(node[part], rest, value, made)
 
 
 def read_stable(data: Any) -> Stable | None:
@@ -262,7 +326,7 @@ def write_lookup(lookup: Lookup) -> dict[str, Any]:
 
 def read_lookups(data: Any) -> list[Lookup] | None:
     """A rules file's `lookups` entry (a list of `write_lookup`s); None where none is well formed."""
-    out = [found for found in map(_lookup, data[:8] if isinstance(data, list) else []) if found is not None]
+    out = [found for found in map(_lookup, data[:MAX_LOOKUPS] if isinstance(data, list) else []) if found is not None]
     return out or None
 
 
@@ -284,7 +348,7 @@ def _lookup(data: Any) -> Lookup | None:
 
 
 def _field(path: Any) -> bool:
-    return (isinstance(path, str) and len(path) <= 200 and _PATH.fullmatch(path) is not None
+    return (isinstance(path, str) and len(path) <= MAX_PATH and _PATH.fullmatch(path) is not None
             and all(int(i) <= MAX_INDEX for i in re.findall(r"\[(\d+)\]", path)))
 
 

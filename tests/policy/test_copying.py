@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from envace_mcp.policy.copying import MIN_SUPPORT, RULES_FILE, learn, read_rules, write_rules
-from envace_mcp.policy.logged import learn_lookups, learn_replies, learn_stable
+from envace_mcp.policy.copying import MAX_BYTES, MIN_SUPPORT, RULES_FILE, learn, read_rules, write_rules
+from envace_mcp.policy.logged import MAX_MADE, learn_lookups, learn_replies, learn_stable
 from envace_mcp.policy.types import Prediction, RehearseRequest, ToolCall
 from envace_mcp.toolbox import ToolSpec
 
@@ -241,7 +241,7 @@ def test_fields_that_repeat_for_the_same_argument_are_looked_up_in_the_log_with_
     (lookup,) = lookups["list_items"]
     assert set(lookup.held) == {"category", *(f"items[{k}].{f}" for k in range(3) for f in ("sku", "name"))}
     assert lookup.held["items[2].sku"] == (1.0, 12) and "items[0].on_hand" not in lookup.held  # stock moves
-    assert learn_lookups(listings(14, moved=1)).get("list_items", [None])[0].held.keys() == {"category"}  # 10 of 12
+    assert learn_lookups(listings(14, moved=1)) == {}  # 10 of 12: only the category repeats, which the call says
     assert learn_lookups(listings(MIN_SUPPORT + 1)) == {}  # 4 repeats: too few to say
     stable, found = learn_replies(listings(14) + catalog(12))
     assert list(stable) == ["list_rooms"] and list(found) == ["list_items"]  # a stable tool needs no lookup
@@ -267,17 +267,17 @@ def test_fields_that_repeat_for_the_same_argument_are_looked_up_in_the_log_with_
 
 
 def test_a_lookup_fills_a_reply_that_is_a_list_and_replaces_what_the_model_wrote_where_an_object_belongs(tmp_path):
-    flights = [observed("search", {"origin": "JFK"}, [{"flight": "HAT1", "seats": i}, {"flight": "HAT2"}])
-               for i in range(7)]
+    flights = [observed("search", {"origin": origin}, [{"flight": f"{origin}1", "seats": i}, {"flight": f"{origin}2"}])
+               for i in range(7) for origin in ("JFK", "HAT")]
     lookups = learn_lookups(flights)
     assert [(lookup.key, sorted(lookup.held)) for lookup in lookups["search"]] == [("origin", ["[0].flight", "[1].flight"])]
     spec = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "air", "input_schema": {"type": "object"}})
     write_rules(tmp_path, {}, {"search": (spec.server, spec.behaviour)}, {}, lookups)
     table = read_rules(tmp_path)
     cut = Prediction(tool="search", status="result", code="CUT", partial=True, result=None, text="[{")
-    assert table.apply(cut, request({"origin": "JFK"}, spec=spec)).result == [{"flight": "HAT1"}, {"flight": "HAT2"}]
-    odd = Prediction(tool="search", status="result", result=["HAT1", {"flight": "X", "seats": 3}])
-    assert table.apply(odd, request({"origin": "JFK"}, spec=spec)).result == [{"flight": "HAT1"}, {"flight": "HAT2", "seats": 3}]
+    assert table.apply(cut, request({"origin": "JFK"}, spec=spec)).result == [{"flight": "JFK1"}, {"flight": "JFK2"}]
+    odd = Prediction(tool="search", status="result", result=["JFK1", {"flight": "X", "seats": 3}])
+    assert table.apply(odd, request({"origin": "JFK"}, spec=spec)).result == [{"flight": "JFK1"}, {"flight": "JFK2", "seats": 3}]
     whole = Prediction(tool="search", status="result", result={"flights": []})
     assert table.apply(whole, request({"origin": "JFK"}, spec=spec)) == whole  # a reply of the other kind: left alone
 
@@ -329,3 +329,49 @@ def test_a_field_equal_to_that_of_what_an_argument_names_as_the_run_showed_it_be
     assert got.result == {"sku": "OFF-7", "unit_price": 9.5, "total": 3.0} and sorted(got.copied) == ["sku", "unit_price"]
     unseen = table.apply(guess, request({"sku": "OFF-9", "quantity": 3}, history))  # the run never showed OFF-9
     assert unseen.result["unit_price"] == 1.0 and unseen.copied == ["sku"]
+
+
+def test_what_a_lookup_makes_is_bounded_and_never_leaves_a_gap(tmp_path):
+    # a crafted file, every entry well formed: 8 lookups of 256 paths, each 30 lists deep
+    def paths(k):
+        return {f"[{j}]" + "[0]" * 30 + f".f{k}": 0 for j in range(256)}
+    lookups = [{"key": "category", "held": {p: [1, 5] for p in paths(k)}, "values": [["office", paths(k)]]}
+               for k in range(8)]
+    (tmp_path / RULES_FILE).write_text(json.dumps({"tools": {"list_items": {
+        "server": LISTING.server, "behaviour": LISTING.behaviour, "rules": [], "lookups": lookups}}}))
+    cut = Prediction(tool="list_items", status="result", code="CUT", partial=True, result=None, text="[")
+    made, stack, count = read_rules(tmp_path).apply(cut, request({"category": "office"}, spec=LISTING)).result, [], 0
+    stack.append(made)
+    while stack:
+        item = stack.pop()
+        count += isinstance(item, (dict, list))
+        stack.extend(item if isinstance(item, list) else item.values() if isinstance(item, dict) else [])
+    assert made and count <= MAX_MADE + 1  # what it makes, at most MAX_MADE elements and objects
+    # a listing whose second element changes from call to call: the first and third repeat
+    calls = [observed("list_items", {"category": category},
+                      {"items": [{"sku": f"{category}-A"}, {"sku": f"B-{n}"}, {"sku": f"{category}-C"}]})
+             for n in range(8) for category in ("office", "garden")]
+    write_rules(tmp_path, {}, {"list_items": (LISTING.server, LISTING.behaviour)}, {}, learn_lookups(calls))
+    got = read_rules(tmp_path).apply(cut, request({"category": "office"}, spec=LISTING))
+    assert got.result == {"items": [{"sku": "office-A"}]}  # no element the server never wrote (a null) before "C"
+    guess = Prediction(tool="list_items", status="result", result={"items": [{"sku": "X"}, {"sku": "Y"}]})
+    assert read_rules(tmp_path).apply(guess, request({"category": "office"}, spec=LISTING)).result == {
+        "items": [{"sku": "office-A"}, {"sku": "Y"}, {"sku": "office-C"}]}  # next to what the model wrote, it may grow
+
+
+def test_learning_keeps_only_fields_a_rules_file_can_hold(tmp_path):
+    calls = [observed("list_items", {"category": category}, {"a.b": category, "items": [{"sku": f"{category}-{i}"}
+                                                                                      for i in range(300)], "k" * 300: category})
+             for _ in range(8) for category in ("office", "garden")]
+    (lookup,) = learn_lookups(calls)["list_items"]
+    assert "a.b" not in lookup.held and not any(p.startswith("k") for p in lookup.held)  # no path spells them
+    assert list(lookup.held)[:3] == ["items[0].sku", "items[1].sku", "items[2].sku"] and len(lookup.held) == 256
+    assert "items[255].sku" in lookup.held and "items[256].sku" not in lookup.held
+    # a catalog that fits its budget as computed fits the file as written; read back whole
+    catalogs = [observed("rooms", {"building": b}, {"rooms": [{"id": f"{b}-{i}", "seats": i, "av": [True]}
+                                                              for i in range(230)]}) for _ in range(3) for b in range(64)]
+    stable, found = learn_replies(catalogs)
+    rules = {"reserve": learn(reservations(20))["reserve"]}
+    path = write_rules(tmp_path, rules, {"rooms": ("b", "x"), "reserve": (SPEC.server, SPEC.behaviour)}, stable, found)
+    table = read_rules(tmp_path)
+    assert path.stat().st_size <= MAX_BYTES and table.stable["rooms"][1] == stable["rooms"] and "reserve" in table.tools
