@@ -3,9 +3,10 @@
 Where a tool's logged replies show a field equal to one of the call's own arguments (a reservation's `sku`),
 to the latest earlier value of that field's name in the run (the `item_name` a `get_item` read), or to that
 field of what an argument names as the run's earlier replies showed it (the `unit_price` of the item whose
-`sku` the call gives: its *state*, `call_facts.state_of`) in nearly every call, a rehearsal's predicted
-result takes that field from the call or the run, whatever the model wrote there; the rehearsal says which
-fields it copied (`Prediction.copied`).
+`sku` the call gives: its *state*, `call_facts.state_of`), or to one value whatever the call (a shipment's
+`status`, always `"shipped"`) in nearly every call, a rehearsal's predicted result takes that field from the
+call, the run or the log, whatever the model wrote there; the rehearsal says which fields it copied
+(`Prediction.copied`).
 
     rules = learn(calls)              # from a fit's training calls: tool -> [CopyRule]
     write_rules(folder, rules, identities)   # copy_rules.json, each tool's rules bound to its identity
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,13 +63,16 @@ RULES_FILE = "copy_rules.json"
 MAX_BYTES = 1 << 20
 MAX_RULES = 64
 """Rules kept per tool (and read per tool from a file)."""
+MAX_CONSTANT = 40
+"""Longest value, as JSON, a field is predicted as whatever the call (a status, not a description)."""
 
 
 @dataclass(frozen=True)
 class CopyRule:
     """`field` of a tool's reply (a dotted path outside lists) equals the call's argument `name` (`source`
     "argument", a dotted path), the latest earlier value in the run of the field named `name` ("earlier"),
-    or the field of that name in the state of what the call's argument `name` names ("state")."""
+    the field of that name in the state of what the call's argument `name` names ("state"), or the value
+    `name` holds as JSON ("constant")."""
 
     field: str
     """A dotted path; `[]` after a name stands for every element of that list."""
@@ -82,6 +87,8 @@ class CopyRule:
             found = leaves(arguments).get(self.name, _MISSING) if isinstance(arguments, dict) else _MISSING
         elif self.source == "state":
             found = states.get(self.name, {}).get(field_name(self.field), _MISSING)
+        elif self.source == "constant":
+            found = json.loads(self.name)
         else:
             found = earlier.get(self.name, _MISSING)
         return found is not _MISSING, found
@@ -94,8 +101,10 @@ _ELEMENT = re.compile(r"\[\d+\]")
 def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
     """Copy rules of each tool from real calls (`worldmodel.calls.Observed`: `tool`, `failed`, `value`,
     `request`, `earlier`): per field, the source that held most often, kept where it held in `MIN_HELD` of at
-    least `MIN_SUPPORT` replies (on a tie an argument, then a state, then an earlier value)."""
+    least `MIN_SUPPORT` replies (on a tie an argument, then a state, then an earlier value, then a constant: a
+    plain value of at most `MAX_CONSTANT` characters as JSON)."""
     counts: dict[str, dict[tuple[str, str, str], list[int]]] = {}
+    values: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for call in calls:
         if call.failed:
             continue
@@ -118,6 +127,7 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
                     seen = tally.setdefault((path, "argument", name), [0, 0])
                     seen[0] += same_value(value, source_value)
                     seen[1] += 1
+            values[(call.tool, path)][json.dumps(value, ensure_ascii=False)] += 1
             key = field_name(path)
             for name, state in states.items():
                 if key in state:
@@ -128,6 +138,10 @@ def learn(calls: Iterable[Any]) -> dict[str, list[CopyRule]]:
                 seen = tally.setdefault((path, "earlier", key), [0, 0])
                 seen[0] += same_value(value, latest[key])
                 seen[1] += 1
+    for (tool, path), seen in values.items():
+        text, held = seen.most_common(1)[0]
+        if len(text) <= MAX_CONSTANT:
+            counts[tool][(path, "constant", text)] = [held, seen.total()]
     rules: dict[str, list[CopyRule]] = {}
     for tool, tally in sorted(counts.items()):
         best: dict[str, CopyRule] = {}
@@ -152,7 +166,8 @@ def states_of(request: Any) -> dict[str, dict[str, Any]]:
 def _rank(rule: CopyRule) -> tuple[float, int, int, bool]:
     # the rule that held most often; then an argument (the call itself says it), then the state of what it
     # names, then the latest value of the field's name; then more support; then a source of the field's name
-    return rule.held, ("earlier", "state", "argument").index(rule.source), rule.support, rule.name == field_name(rule.field)
+    return (rule.held, ("constant", "earlier", "state", "argument").index(rule.source), rule.support,
+            rule.name == field_name(rule.field))
 
 
 Identity = tuple[str | None, str | None]
@@ -197,7 +212,8 @@ class RuleTable(BoundRules):
 
     def summary(self) -> dict[str, list[str]]:
         """Each tool's rules in words, as a report states them."""
-        source = {"argument": "argument {}", "earlier": "latest earlier {}", "state": "that of what {} names, as shown"}
+        source = {"argument": "argument {}", "earlier": "latest earlier {}", "state": "that of what {} names, as shown",
+                  "constant": "{} whatever the call"}
         words = {tool: [f"{r.field} = {source[r.source].format(r.name)} (held in {r.held:.0%} of {r.support})"
                         for r in rules]
                  for tool, (_, rules) in self.tools.items()}
@@ -349,9 +365,19 @@ def _rule(data: Any) -> CopyRule | None:
         return None
     field, source, name = data.get("field"), data.get("source"), data.get("name")
     support, held = data.get("support"), data.get("held")
-    if not (isinstance(field, str) and isinstance(name, str) and source in ("argument", "earlier", "state")
+    if not (isinstance(field, str) and isinstance(name, str) and source in ("argument", "earlier", "state", "constant")
             and 0 < len(field) <= 200 and 0 < len(name) <= 200 and "[" not in field.replace("[].", ".")
             and isinstance(support, int) and not isinstance(support, bool) and support >= MIN_SUPPORT
             and isinstance(held, (int, float)) and not isinstance(held, bool) and MIN_HELD <= held <= 1):
         return None
+    if source == "constant" and not _plain_json(name):
+        return None
     return CopyRule(field, source, name, support, float(held))
+
+
+def _plain_json(text: str) -> bool:
+    """Whether `text` is a plain JSON value (not an object or a list) of at most `MAX_CONSTANT` characters."""
+    try:
+        return len(text) <= MAX_CONSTANT and not isinstance(json.loads(text), (dict, list))
+    except (ValueError, RecursionError):
+        return False

@@ -39,7 +39,8 @@ def test_a_field_that_equals_an_argument_or_an_earlier_value_in_nearly_every_rep
     assert (rules["sku"].source, rules["sku"].name, rules["sku"].support, rules["sku"].held) == ("argument", "sku", 20, 0.95)
     assert (rules["quantity"].source, rules["quantity"].name) == ("argument", "quantity")
     assert (rules["item_name"].source, rules["item_name"].name) == ("earlier", "item_name")
-    assert {"id", "total", "status"}.isdisjoint(rules)  # made by the server (a constant is no copy of anything)
+    assert {"id", "total"}.isdisjoint(rules)  # made by the server, a new value each call
+    assert (rules["status"].source, rules["status"].name, rules["status"].held) == ("constant", '"reserved"', 1.0)
     assert "sku" not in {r.field for r in learn(reservations(20, wrong=2)).get("reserve", [])}  # 90 %: no rule
     assert learn(reservations(MIN_SUPPORT - 1)) == {}  # too few replies to say
     failing = [observed("reserve", {"sku": "A"}, "no such item", failed=True)] * 10
@@ -106,16 +107,18 @@ def test_a_rehearsal_takes_ruled_fields_from_the_call_and_the_run_and_says_which
     guess = Prediction(tool="reserve", status="result", text="{...}",
                        result={"id": "RSV-1", "sku": "OFF-1", "quantity": 9, "item_name": "Desk", "total": 19.0})
     got = table.apply(guess, request({"sku": "OFF-7", "quantity": 2, "customer": "Hana"}, history))
-    assert got.result == {"id": "RSV-1", "sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray", "total": 19.0}
-    assert sorted(got.copied) == ["item_name", "quantity", "sku"] and got.text == "{...}"  # what it wrote is kept
+    assert got.result == {"id": "RSV-1", "sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray", "total": 19.0,
+                          "status": "reserved"}  # the status every logged reservation had
+    assert sorted(got.copied) == ["item_name", "quantity", "sku", "status"] and got.text == "{...}"  # what it wrote is kept
     assert guess.result["sku"] == "OFF-1"  # a copy: the model's own prediction is not changed in place
     cut = Prediction(tool="reserve", status="result", code="CUT", partial=True, result=None, text='{"id": "RS')
     filled = table.apply(cut, request({"sku": "OFF-7", "quantity": 2, "customer": "Hana"}, history))
-    assert filled.result == {"sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray"} and filled.partial  # cut, as known
-    assert table.apply(cut, request({"customer": "Hana"})) == cut  # nothing to copy: as it was
+    assert filled.result == {"sku": "OFF-7", "quantity": 2, "item_name": "Paper Tray", "status": "reserved"}
+    assert filled.partial  # cut, as known
+    assert table.apply(cut, request({"customer": "Hana"})).result == {"status": "reserved"}  # what holds whatever the call
     assert table.apply(cut.model_copy(update={"partial": False}), request({"sku": "OFF-7"})).result is None
     no_source = table.apply(guess, request({"quantity": 2}))  # no sku given, nothing read earlier
-    assert no_source.result["sku"] == "OFF-1" and no_source.copied == ["quantity"]
+    assert no_source.result["sku"] == "OFF-1" and no_source.copied == ["quantity", "status"]
     error = Prediction(tool="reserve", status="tool_error", code="EXECUTION_ERROR", message="out of stock")
     assert table.apply(error, request({"sku": "OFF-7", "quantity": 2})) == error
     other = ToolSpec.from_dict({"name": "reserve", "description": "hold units", "server": "elsewhere",
@@ -174,7 +177,9 @@ def test_a_rules_file_is_untrusted_input(tmp_path):
     path.write_text(json.dumps({"tools": {
         "reserve": {**entry, "rules": [good, {**good, "held": 0.5}, {**good, "support": 2}, {**good, "source": "shell"},
                                        {**good, "field": "items[0].sku"}, {**good, "field": "tags[]"},
-                                       {**good, "support": True}, "sku", None]},
+                                       {**good, "support": True}, {**good, "source": "constant", "name": "not json"},
+                                       {**good, "source": "constant", "name": '{"rm": "-rf"}'},
+                                       {**good, "source": "constant", "name": json.dumps("x" * 60)}, "sku", None]},
         "unbound": {"server": "inventory", "rules": [good]},
         "cancel": [good]}}))
     table = read_rules(tmp_path)
