@@ -65,18 +65,12 @@ def facts(request: RehearseRequest, known: Any = None, logged: Any = None) -> se
 
 
 def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
-    arguments = request.call.arguments if isinstance(request.call.arguments, dict) else {}
-    given = dict(list((path, v) for path, v in leaves(arguments).items()
-                      if "[" not in path and not isinstance(v, (dict, list)))[:MAX_ARGUMENTS])
-    texts = text_arguments(request)
+    given = _given(request)
+    texts = _texts(given)
     numbers = {p: v for p, v in given.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     earlier = _earlier_calls(request)
-    shown_texts: set[str] = set()
-    objects: list[dict[str, Any]] = []
-    for _, _, reply, ok in earlier:
-        if ok:
-            shown_texts.update(v for v in leaves(reply).values() if isinstance(v, str))
-            objects += _objects(reply)[:MAX_OBJECTS]
+    shown_texts = {v for _, _, reply, ok in earlier if ok for v in leaves(reply).values() if isinstance(v, str)}
+    objects = _shown(earlier)
     out = _compared(numbers, texts)
     for path, value in texts.items():
         name = field_name(path)
@@ -104,16 +98,29 @@ def _facts(request: RehearseRequest, known: Any, logged: Any) -> set[str]:
     return out
 
 
+def _given(request: RehearseRequest) -> dict[str, Any]:
+    """The call's plain arguments (path -> value; not inside lists), the first `MAX_ARGUMENTS`."""
+    arguments = request.call.arguments if isinstance(request.call.arguments, dict) else {}
+    return dict(list((path, v) for path, v in leaves(arguments).items()
+                     if "[" not in path and not isinstance(v, (dict, list)))[:MAX_ARGUMENTS])
+
+
+def _texts(given: dict[str, Any]) -> dict[str, str]:
+    return {p: v for p, v in given.items() if isinstance(v, str) and 0 < len(v) <= MAX_TEXT}
+
+
 def text_arguments(request: RehearseRequest) -> dict[str, str]:
     """The call's text arguments a state is read for (path -> text; not inside lists, bounded)."""
-    arguments = request.call.arguments if isinstance(request.call.arguments, dict) else {}
-    given = list((path, v) for path, v in leaves(arguments).items() if "[" not in path and not isinstance(v, (dict, list)))
-    return {p: v for p, v in given[:MAX_ARGUMENTS] if isinstance(v, str) and 0 < len(v) <= MAX_TEXT}
+    return _texts(_given(request))
 
 
 def objects_shown(request: RehearseRequest) -> list[dict[str, Any]]:
     """The objects of the run's earlier successful replies, oldest first (bounded as `facts` reads them)."""
-    return [obj for _, _, reply, ok in _earlier_calls(request) if ok for obj in _objects(reply)[:MAX_OBJECTS]]
+    return _shown(_earlier_calls(request))
+
+
+def _shown(earlier: list[tuple[str, Any, Any, bool]]) -> list[dict[str, Any]]:
+    return [obj for _, _, reply, ok in earlier if ok for obj in _objects(reply)[:MAX_OBJECTS]]
 
 
 def state_of(objects: Iterable[dict[str, Any]], name: str, value: Any) -> dict[str, Any]:

@@ -94,6 +94,7 @@ def learn_stable(calls: Iterable[Any], budget: list[int] | None = None) -> dict[
     """The tools whose JSON replies (objects or lists) to the same arguments repeated in `MIN_HELD` of at least
     `MIN_SUPPORT` logged repeats (in log order), each with its latest logged replies (bounded; `budget`: the
     bytes left for them, taken from as they are kept)."""
+    budget = budget if budget is not None else [MAX_LOGGED_BYTES]
     latest: dict[str, dict[str, Any]] = {}
     asked: dict[str, Counter[str]] = defaultdict(Counter)
     repeats: dict[str, list[int]] = {}
@@ -172,6 +173,7 @@ def learn_lookups(calls: Iterable[Any], stable: Iterable[str] = (), budget: list
     that repeated in `MIN_HELD` of at least `MIN_SUPPORT` repeats of that key's value — a field one reply has
     and the other lacks counts as not held —, with the latest values of those fields for each value seen
     (bounded). A lookup by all arguments that a lookup by one says no less about is left out."""
+    budget = budget if budget is not None else [MAX_LOGGED_BYTES]
     latest: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     asked: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     tally: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(dict)
@@ -217,9 +219,9 @@ def learn_lookups(calls: Iterable[Any], stable: Iterable[str] = (), budget: list
 def _telling(logged: dict[str, dict[str, Any]]) -> bool:
     """Whether some field of the logged values (key value -> fields) tells more than the call does: it takes
     more than one value across the key's values, and is not the key's own value (an argument's, for `ALL`)."""
-    paths = {p for fields in logged.values() for p in fields}
-    for path in paths:
-        seen = [(json.loads(value), fields[path]) for value, fields in logged.items() if path in fields]
+    keyed = [(json.loads(value), fields) for value, fields in logged.items()]
+    for path in {p for _, fields in keyed for p in fields}:
+        seen = [(k, fields[path]) for k, fields in keyed if path in fields]
         if len({canonical(v) for _, v in seen}) < 2:
             continue
         if not all(same_value(v, k) or isinstance(k, dict) and any(same_value(v, a) for a in k.values())
@@ -233,20 +235,18 @@ def _order(path: str) -> list[tuple[int, int | str]]:
     return [(0, int(index)) if index else (1, name) for index, name in _PART.findall(path)]
 
 
-def _take(budget: list[int] | None, value: Any) -> bool:
+def _take(budget: list[int], value: Any) -> bool:
     """Take `value`'s size as JSON from `budget[0]`, where it fits."""
     size = len(json.dumps(value, ensure_ascii=False).encode())
-    if budget is not None and size > budget[0]:
+    if size > budget[0]:
         return False
-    if budget is not None:
-        budget[0] -= size
+    budget[0] -= size
     return True
 
 
-def _bounded(replies: dict[str, Any], asked: Counter[str], budget: list[int] | None) -> dict[str, Any]:
+def _bounded(replies: dict[str, Any], asked: Counter[str], budget: list[int]) -> dict[str, Any]:
     """The most asked of `replies`, each at most `MAX_REPLY_BYTES` as JSON, at most `MAX_REPLIES` of them,
     within `budget[0]` bytes (taken from it)."""
-    budget = budget if budget is not None else [MAX_LOGGED_BYTES]
     kept: dict[str, Any] = {}
     for key, _ in asked.most_common():
         if len(kept) == MAX_REPLIES:
