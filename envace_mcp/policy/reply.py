@@ -8,7 +8,8 @@ first and then holds the reply to it:
 - the first token decides: an error reply (`Error executing tool …`, how MCP servers' failures read) or
   a result — for a tool with an `outputSchema`, a JSON value of its kind (an object for object schemas,
   each key one the schema declares, the object closed only once every required key is there:
-  `json_prefix.CallScanner`); without one, JSON or plain text, never markup;
+  `json_prefix.CallScanner`); without one, JSON of the kind its logged replies were where a fit learned
+  one (`copying.RuleTable.reply_schema`: a flight search is a list), else JSON or plain text, never markup;
 - `p_error` is read off that first decision: the probability mass the model puts on tokens that open an
   error, over the mass on tokens that open either kind of reply (the 256 likeliest tokens: the rest
   carry nothing measurable). It is the model's own P(error), whatever the greedy choice;
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 from envace_mcp.policy.constrained import TokenText
-from envace_mcp.policy.json_prefix import CallScanner, ScanState, Violation
+from envace_mcp.policy.json_prefix import _FIRST, CallScanner, ScanState, Violation, _kinds
 
 ERROR_OPENING = "Error"
 """How an MCP server's failure reads in its tool message (`Error executing tool <name>: …`)."""
@@ -60,6 +61,10 @@ class ReplyConstraint:
         self.schema = output_schema if isinstance(output_schema, dict) and output_schema else None
         kind = self.schema.get("type") if self.schema else None
         self.wants_object = kind == "object" or (kind is None and self.schema is not None and "properties" in self.schema)
+        kinds = _kinds(self.schema) if self.schema is not None and not self.wants_object else None
+        self.firsts = "{" if self.wants_object else "".join(_FIRST.get(k, "") for k in kinds) if kinds else (
+            _JSON_START if self.schema is not None else "{[")
+        """The characters a JSON reply may open with: its schema's kinds (no schema: an object or a list)."""
         self.token_text = token_text
         self.end_ids = set(end_ids)
         self.special_ids = set(special_ids) - self.end_ids
@@ -159,8 +164,7 @@ class ReplyConstraint:
     def _opens_json(self, body: str) -> bool:
         if not body:
             return False
-        return body[0] == "{" if self.wants_object else body[0] in _JSON_START and (
-            self.schema is not None or body[0] in "{[")
+        return body[0] in self.firsts
 
     # ------------------------------------------------------------------ a JSON reply
 
@@ -191,7 +195,8 @@ class ReplyConstraint:
     def _feed(self, state: ScanState, text: str) -> None:
         """The scanner's, stricter where a reply must be JSON a parser reads: no control character inside
         a string, no number past `MAX_NUMBER` characters, no run of blank space past `MAX_BLANK` (a
-        small model loops on newlines or digits until the budget is spent)."""
+        small model loops on newlines or digits until the budget is spent), nothing but blank space once
+        the value is whole (a token such as `}}` closes the value and goes on)."""
         for c in text:
             if state.string is not None and ord(c) < 0x20:
                 raise Violation("a control character inside a JSON string")
@@ -202,6 +207,8 @@ class ReplyConstraint:
             elif state.string is None:
                 state.tail = ""
             self.scanner.char(state, c)
+            if state.mode != "json" or (len(state.stack) == 1 and state.stack[0].expect not in ("value", "comma")):
+                raise Violation("past the end of the reply")  # `}}`, `},`: closing the wrapper the scan reads it in
             if state.literal is not None and state.literal[0] in "-0123456789" and (
                     len(state.literal) > MAX_NUMBER or not _NUMBER_PREFIX.fullmatch(state.literal)):
                 raise Violation(f"{state.literal!r} does not start a JSON number")

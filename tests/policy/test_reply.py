@@ -126,6 +126,58 @@ def test_nested_models_are_held_to_their_schema_too(policy, text, closer, allowe
     assert constraint._fits(_ids(policy, closer)[0]) is allowed
 
 
+@pytest.mark.parametrize("schema", [SCHEMA, None])
+@pytest.mark.parametrize("token, allowed", [("}", True), ("}}", False), ("},", False), ('}\n</tool_call>', False)])
+def test_a_token_that_closes_the_reply_and_goes_on_is_refused(schema, token, allowed):
+    """SmolLM2 closed a fitted τ²-airline rehearsal with the one token `}}` and, the reply's wrapper closed
+    with it, wrote `</tool_call>` and `</call>` lines until its budget ran out (a third of a rehearsal's
+    time, and a reply cut at its budget)."""
+    texts = ['{"account_id": "CHK-1", "balance": 12.5', token, "}", "<eos>"]
+    constraint = ReplyConstraint(schema, texts.__getitem__, {3})
+    constraint.restrict([0], logits := torch.zeros(4))
+    assert bool(torch.isfinite(logits[1])) is allowed and torch.isfinite(logits[2]) and torch.isinf(logits[3])
+    constraint.restrict([0, 2], logits := torch.zeros(4))  # whole: only the end of turn may follow
+    assert torch.isinf(logits[:3]).all() and torch.isfinite(logits[3])
+
+
+async def test_a_tool_without_an_output_schema_is_held_to_the_kind_of_json_its_log_showed(policy, tmp_path):
+    """τ²-airline declares no output schemas; the fitted SmolLM2 answered its flight search, a list in every
+    logged reply, with a reservation object, so no field of the flights could be read. A fit learns each
+    tool's kind of JSON reply, and its rehearsals are held to it."""
+    from types import SimpleNamespace
+
+    from envace_mcp.policy.copying import read_rules, write_rules
+    from envace_mcp.policy.logged import MIN_SUPPORT, learn_kinds
+    from envace_mcp.toolbox.catalog import ToolSpec
+
+    def call(tool, value, failed=False):
+        return SimpleNamespace(tool=tool, value=value, failed=failed)
+
+    flights = [call("search", f'[{{"flight": "HAT{i}"}}]') for i in range(MIN_SUPPORT)]
+    assert learn_kinds(flights + [call("search", "Error: no such airport", failed=True)]) == {"search": "array"}
+    assert learn_kinds(flights[:-1]) == {}  # too few to say
+    assert learn_kinds(flights + [call("search", "{}")]) == {}  # 5 of 6 lists: not nearly every reply
+    spec = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "airline",
+                               "input_schema": {"type": "object"}})
+    write_rules(tmp_path, {}, {"search": (spec.server, spec.behaviour)}, kinds=learn_kinds(flights))
+    table = read_rules(tmp_path)
+    assert table.reply_schema(spec) == {"type": "array"} and table.summary()["search"] == [
+        "a JSON array, as every logged reply was"]
+    other = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "another",
+                                "input_schema": {"type": "object"}})
+    assert table.reply_schema(other) is None  # bound to the tool it was learned on
+    request = RehearseRequest(call=ToolCall(id="c1", name="search", arguments={"origin": "JFK"}), tool=spec,
+                              allowed=[spec], history=[HumanMessage(content="Flights from JFK?")])
+    policy.copy_rules = table
+    try:
+        held = [(await policy.rehearse(request, SamplingParams(max_new_tokens=60, temperature=1.0, seed=seed))).parsed
+                for seed in range(6)]
+    finally:
+        policy.copy_rules = None
+    assert all(p.text.lstrip().startswith(("[", "Error")) for p in held), [p.text for p in held]
+    assert all(isinstance(p.result, list) for p in held if p.status == "result" and p.code != "UNKNOWN")
+
+
 def test_the_approver_reads_what_an_unreadable_rehearsal_wrote_and_how_sure_a_readable_one_was():
     """From outside: an unreadable rehearsal showed no text anywhere, so a user could not tell whether their
     schema, the token cap or the model was at fault. Its text is shown whole, control characters written out."""
