@@ -209,6 +209,14 @@ class RuleTable(BoundRules):
     """Tools predicted as their logged reply to the same arguments, each bound to its identity."""
     lookups: dict[str, tuple[Identity, list[Lookup]]] = field(default_factory=dict)
     """Each tool's fields taken from the logged reply to the same value of an argument, bound likewise."""
+    kinds: dict[str, tuple[Identity, str]] = field(default_factory=dict)
+    """Each tool's kind of JSON reply, "object" or "array", where its log showed one (`logged.learn_kinds`)."""
+
+    def reply_schema(self, spec: ToolSpec | None) -> dict[str, str] | None:
+        """The schema a rehearsal of `spec`'s tool is held to where it declares no `outputSchema`: the kind
+        of JSON its logged replies were (`{"type": "array"}`); None where the log showed none."""
+        kind = bound(self.kinds, spec)
+        return {"type": kind} if kind is not None else None
 
     def summary(self) -> dict[str, list[str]]:
         """Each tool's rules in words, as a report states them."""
@@ -223,6 +231,8 @@ class RuleTable(BoundRules):
                                                  f"{len(found.replies)} kept)")
         for tool, (_, lookups) in self.lookups.items():
             words.setdefault(tool, [])[:0] = [lookup.words() for lookup in lookups]
+        for tool, (_, kind) in self.kinds.items():
+            words.setdefault(tool, []).insert(0, f"a JSON {kind}, as every logged reply was")
         return dict(sorted(words.items()))
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:
@@ -330,19 +340,23 @@ def read_extra(tools: dict[Any, Any], key: str, parse: Callable[[Any], Any]) -> 
 
 
 def write_rules(folder: str | Path, rules: dict[str, list[CopyRule]], identities: dict[str, Identity],
-                stable: dict[str, Stable] | None = None, lookups: dict[str, list[Lookup]] | None = None) -> Path:
-    """`copy_rules.json` in `folder`: each tool's rules, its logged replies where it is `stable` and its
-    `lookups`, with the (server, behaviour) they were learned on."""
-    stable, lookups = stable or {}, lookups or {}
-    every = {tool: rules.get(tool, []) for tool in sorted({*rules, *stable, *lookups})}
+                stable: dict[str, Stable] | None = None, lookups: dict[str, list[Lookup]] | None = None,
+                kinds: dict[str, str] | None = None) -> Path:
+    """`copy_rules.json` in `folder`: each tool's rules, its logged replies where it is `stable`, its
+    `lookups` and the kind of JSON it replies, with the (server, behaviour) they were learned on."""
+    stable, lookups, kinds = stable or {}, lookups or {}, kinds or {}
+    every = {tool: rules.get(tool, []) for tool in sorted({*rules, *stable, *lookups, *kinds})}
     extra: dict[str, dict[str, Any]] = {tool: {"stable": {"support": s.support, "held": s.held,
                                                           "replies": [[json.loads(k), v] for k, v in s.replies.items()]}}
                                         for tool, s in stable.items()}
     for tool, found in lookups.items():
         extra.setdefault(tool, {})["lookups"] = [write_lookup(lookup) for lookup in found]
+    for tool, kind in kinds.items():
+        extra.setdefault(tool, {})["kind"] = kind
     path = write_bound(Path(folder) / RULES_FILE, every, identities, extra, indent=None)
-    if path.stat().st_size > MAX_BYTES:  # past what `read_rules` reads: keep the rules at least
-        path = write_bound(path, {tool: found for tool, found in rules.items() if found}, identities)
+    if path.stat().st_size > MAX_BYTES:  # past what `read_rules` reads: keep the rules and kinds at least
+        path = write_bound(path, {tool: rules.get(tool, []) for tool in sorted({*rules, *kinds})}, identities,
+                           {tool: {"kind": kind} for tool, kind in kinds.items()})
     return path
 
 
@@ -357,7 +371,8 @@ def read_rules(folder: str | Path | None) -> RuleTable | None:
         return None
     table, data = read
     return RuleTable(table, source=str(path), stable=read_extra(data["tools"], "stable", read_stable),
-                     lookups=read_extra(data["tools"], "lookups", read_lookups))
+                     lookups=read_extra(data["tools"], "lookups", read_lookups),
+                     kinds=read_extra(data["tools"], "kind", lambda k: k if k in ("object", "array") else None))
 
 
 def _rule(data: Any) -> CopyRule | None:

@@ -83,11 +83,29 @@ class Stable:
         return self.replies.get(canonical(arguments)) if isinstance(arguments, dict) else None
 
 
-def learn_replies(calls: Iterable[Any]) -> tuple[dict[str, Stable], dict[str, list[Lookup]]]:
-    """(`learn_stable`, `learn_lookups` of the other tools), their kept replies and values within one budget."""
+def learn_replies(calls: Iterable[Any]) -> tuple[dict[str, Stable], dict[str, list[Lookup]], dict[str, str]]:
+    """(`learn_stable`, `learn_lookups` of the other tools, `learn_kinds`), the kept replies and values within
+    one budget."""
     calls, budget = list(calls), [MAX_LOGGED_BYTES]
     stable = learn_stable(calls, budget)
-    return stable, learn_lookups(calls, stable, budget)
+    return stable, learn_lookups(calls, stable, budget), learn_kinds(calls)
+
+
+def learn_kinds(calls: Iterable[Any]) -> dict[str, str]:
+    """Each tool whose successful replies were JSON of one kind, `"object"` or `"array"`, in `MIN_HELD` of at
+    least `MIN_SUPPORT`: the kind its rehearsals are held to where it declares no `outputSchema` (the fitted
+    SmolLM2 answered τ²-airline's flight search, a list in every logged reply, with a reservation object)."""
+    seen: dict[str, Counter[str]] = defaultdict(Counter)
+    for call in calls:
+        if not call.failed:
+            reply = parsed_json(call.value)
+            seen[call.tool]["object" if isinstance(reply, dict) else "array" if isinstance(reply, list) else ""] += 1
+    out = {}
+    for tool, kinds in sorted(seen.items()):
+        (kind, held), support = kinds.most_common(1)[0], sum(kinds.values())
+        if kind and support >= MIN_SUPPORT and held / support >= MIN_HELD:
+            out[tool] = kind
+    return out
 
 
 def learn_stable(calls: Iterable[Any], budget: list[int] | None = None) -> dict[str, Stable]:

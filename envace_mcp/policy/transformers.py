@@ -145,7 +145,10 @@ class TransformersPolicy(TokenPolicy):
     def reply_constraint(self, tool: ToolSpec | None, sampling: SamplingParams) -> ReplyConstraint | None:
         if not self.constrain_rehearsals:
             return None
-        return ReplyConstraint(getattr(tool, "output_schema", None), self._tokens(), self.eos_ids,
+        schema = getattr(tool, "output_schema", None)
+        if not schema and self.copy_rules is not None:
+            schema = self.copy_rules.reply_schema(tool)  # no declared schema: the kind of JSON its log showed
+        return ReplyConstraint(schema, self._tokens(), self.eos_ids,
                                special_ids=set(self.tokenizer.all_special_ids), stops=tuple(sampling.stop),
                                temperature=sampling.temperature)
 

@@ -248,8 +248,9 @@ def test_fields_that_repeat_for_the_same_argument_are_looked_up_in_the_log_with_
     assert lookup.held["items[2].sku"] == (1.0, 12) and "items[0].on_hand" not in lookup.held  # stock moves
     assert learn_lookups(listings(14, moved=1)) == {}  # 10 of 12: only the category repeats, which the call says
     assert learn_lookups(listings(MIN_SUPPORT + 1)) == {}  # 4 repeats: too few to say
-    stable, found = learn_replies(listings(14) + catalog(12))
+    stable, found, kinds = learn_replies(listings(14) + catalog(12))
     assert list(stable) == ["list_rooms"] and list(found) == ["list_items"]  # a stable tool needs no lookup
+    assert kinds == {"list_items": "object", "list_rooms": "object"}
     write_rules(tmp_path, {}, {"list_items": (LISTING.server, LISTING.behaviour)}, {}, lookups)
     table = read_rules(tmp_path)
     assert table.summary()["list_items"][0].startswith("category, items[].name, items[].sku = the logged value for the same category")
@@ -375,7 +376,7 @@ def test_learning_keeps_only_fields_a_rules_file_can_hold(tmp_path):
     # a catalog that fits its budget as computed fits the file as written; read back whole
     catalogs = [observed("rooms", {"building": b}, {"rooms": [{"id": f"{b}-{i}", "seats": i, "av": [True]}
                                                               for i in range(230)]}) for _ in range(3) for b in range(64)]
-    stable, found = learn_replies(catalogs)
+    stable, found, _ = learn_replies(catalogs)
     rules = {"reserve": learn(reservations(20))["reserve"]}
     path = write_rules(tmp_path, rules, {"rooms": ("b", "x"), "reserve": (SPEC.server, SPEC.behaviour)}, stable, found)
     table = read_rules(tmp_path)
