@@ -212,11 +212,10 @@ class RuleTable(BoundRules):
     kinds: dict[str, tuple[Identity, str]] = field(default_factory=dict)
     """Each tool's kind of JSON reply, "object" or "array", where its log showed one (`logged.learn_kinds`)."""
 
-    def reply_schema(self, spec: ToolSpec | None) -> dict[str, str] | None:
-        """The schema a rehearsal of `spec`'s tool is held to where it declares no `outputSchema`: the kind
-        of JSON its logged replies were (`{"type": "array"}`); None where the log showed none."""
-        kind = bound(self.kinds, spec)
-        return {"type": kind} if kind is not None else None
+    def reply_kind(self, spec: ToolSpec | None) -> str | None:
+        """The kind of JSON ("object" or "array") a rehearsal of `spec`'s tool is held to where it declares no
+        `outputSchema`: the kind its logged replies were; None where the log showed none."""
+        return bound(self.kinds, spec)
 
     def summary(self) -> dict[str, list[str]]:
         """Each tool's rules in words, as a report states them."""

@@ -9,10 +9,11 @@ first and then holds the reply to it:
   a result — for a tool with an `outputSchema`, a JSON value of its kind (an object for object schemas,
   each key one the schema declares, the object closed only once every required key is there:
   `json_prefix.CallScanner`); without one, JSON of the kind its logged replies were where a fit learned
-  one (`copying.RuleTable.reply_schema`: a flight search is a list), else JSON or plain text, never markup;
+  one (`copying.RuleTable.reply_kind`: a flight search is a list), else JSON or plain text, never markup;
 - `p_error` is read off that first decision: the probability mass the model puts on tokens that open an
   error, over the mass on tokens that open either kind of reply (the 256 likeliest tokens: the rest
-  carry nothing measurable). It is the model's own P(error), whatever the greedy choice;
+  carry nothing measurable). It is the model's own P(error), whatever the greedy choice (a result of
+  another kind than its log's still counts as a result);
 - a JSON reply ends as soon as its value is complete (only end-of-turn may follow), and cannot end
   before; an error's message and a plain-text result run free to the end of the turn.
 
@@ -56,15 +57,19 @@ class ReplyConstraint:
     """Masks the logits of one inline rehearsal of `tool` (see the module); `restrict` is the engine's
     hook. After decoding, `p_error` holds the model's P(error) (None if it never reached a decision)."""
 
-    def __init__(self, output_schema: Any, token_text: TokenText, end_ids: set[int], *,
+    def __init__(self, output_schema: Any, token_text: TokenText, end_ids: set[int], *, kind: str | None = None,
                  special_ids: set[int] = frozenset(), stops: tuple[str, ...] = (), temperature: float = 0.0) -> None:
         self.schema = output_schema if isinstance(output_schema, dict) and output_schema else None
-        kind = self.schema.get("type") if self.schema else None
-        self.wants_object = kind == "object" or (kind is None and self.schema is not None and "properties" in self.schema)
+        declared = self.schema.get("type") if self.schema else None
+        self.wants_object = declared == "object" or (declared is None and self.schema is not None
+                                                     and "properties" in self.schema)
         kinds = _kinds(self.schema) if self.schema is not None and not self.wants_object else None
         self.firsts = "{" if self.wants_object else "".join(_FIRST.get(k, "") for k in kinds) if kinds else (
             _JSON_START if self.schema is not None else "{[")
         """The characters a JSON reply may open with: its schema's kinds (no schema: an object or a list)."""
+        self.shape = {"object": "{", "array": "["}.get(kind or "") if self.schema is None else None
+        """Where the tool declares no schema, the opening its logged replies had (`kind`: "object" or "array");
+        a result that opens otherwise still counts as the model's belief in success, but is not written."""
         self.token_text = token_text
         self.end_ids = set(end_ids)
         self.special_ids = set(special_ids) - self.end_ids
@@ -122,22 +127,29 @@ class ReplyConstraint:
     def _decide(self, logits: torch.Tensor) -> None:
         probs = torch.softmax(logits.float(), dim=-1)
         order = torch.topk(logits, min(DECIDING, logits.numel())).indices.tolist()
-        error, result = [], []
+        error, result, shaped = [], [], []
         for token in order:
             side = self._side(token)
             if side == "error":
                 error.append(token)
             elif side == "result":
                 result.append(token)
+                if self._shaped(token):
+                    shaped.append(token)
         if self.p_error is None and self.text.strip() == "":  # the decision itself, not a later "E" → "rror" step
             mass_error = float(probs[error].sum()) if error else 0.0
             mass_result = float(probs[result].sum()) if result else 0.0
             total = mass_error + mass_result
             self.p_error = mass_error / total if total > 0 and math.isfinite(total) else None
-        allowed = error + result
+        allowed = error + shaped
         if not allowed:  # nothing likely opens a reply: scan the vocabulary once for anything that does
-            allowed = [t for t in torch.isfinite(logits).nonzero().flatten().tolist() if self._side(t) is not None]
+            allowed = [t for t in torch.isfinite(logits).nonzero().flatten().tolist()
+                       if self._side(t) == "error" or (self._side(t) == "result" and self._shaped(t))]
         _keep(logits, allowed)
+
+    def _shaped(self, token: int) -> bool:
+        """Whether a result-opening token opens the kind of reply the tool's log showed (any, where unknown)."""
+        return self.shape is None or (self.text + self.token_text(token)).lstrip()[:1] == self.shape
 
     def _side(self, token: int) -> str | None:
         """Which reply a token opens (continuing the text so far): "error", "result", or None (it opens

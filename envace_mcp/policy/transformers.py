@@ -146,9 +146,8 @@ class TransformersPolicy(TokenPolicy):
         if not self.constrain_rehearsals:
             return None
         schema = getattr(tool, "output_schema", None)
-        if not schema and self.copy_rules is not None:
-            schema = self.copy_rules.reply_schema(tool)  # no declared schema: the kind of JSON its log showed
-        return ReplyConstraint(schema, self._tokens(), self.eos_ids,
+        kind = self.copy_rules.reply_kind(tool) if self.copy_rules is not None else None  # where it declares none
+        return ReplyConstraint(schema, self._tokens(), self.eos_ids, kind=kind,
                                special_ids=set(self.tokenizer.all_special_ids), stops=tuple(sampling.stop),
                                temperature=sampling.temperature)
 

@@ -140,6 +140,16 @@ def test_a_token_that_closes_the_reply_and_goes_on_is_refused(schema, token, all
     assert torch.isinf(logits[:3]).all() and torch.isfinite(logits[3])
 
 
+def test_the_kind_a_log_showed_holds_the_reply_but_leaves_p_error_the_models_own():
+    """A result opened as an object, where the log showed lists, is not written; the model's mass on it is
+    still its belief that the call succeeds."""
+    texts = ["Error", "{", "[", "<eos>"]
+    constraint = ReplyConstraint(None, texts.__getitem__, {3}, kind="array")
+    constraint.restrict([], logits := torch.tensor([0.0, 2.0, 1.0, 0.0]))
+    assert constraint.p_error == pytest.approx(1 / (1 + math.e ** 2 + math.e), rel=1e-4)
+    assert torch.isinf(logits[1]) and torch.isfinite(logits[0]) and torch.isfinite(logits[2]) and torch.isinf(logits[3])
+
+
 async def test_a_tool_without_an_output_schema_is_held_to_the_kind_of_json_its_log_showed(policy, tmp_path):
     """τ²-airline declares no output schemas; the fitted SmolLM2 answered its flight search, a list in every
     logged reply, with a reservation object, so no field of the flights could be read. A fit learns each
@@ -161,11 +171,11 @@ async def test_a_tool_without_an_output_schema_is_held_to_the_kind_of_json_its_l
                                "input_schema": {"type": "object"}})
     write_rules(tmp_path, {}, {"search": (spec.server, spec.behaviour)}, kinds=learn_kinds(flights))
     table = read_rules(tmp_path)
-    assert table.reply_schema(spec) == {"type": "array"} and table.summary()["search"] == [
+    assert table.reply_kind(spec) == "array" and table.summary()["search"] == [
         "a JSON array, as every logged reply was"]
     other = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "another",
                                 "input_schema": {"type": "object"}})
-    assert table.reply_schema(other) is None  # bound to the tool it was learned on
+    assert table.reply_kind(other) is None  # bound to the tool it was learned on
     request = RehearseRequest(call=ToolCall(id="c1", name="search", arguments={"origin": "JFK"}), tool=spec,
                               allowed=[spec], history=[HumanMessage(content="Flights from JFK?")])
     policy.copy_rules = table
@@ -175,7 +185,8 @@ async def test_a_tool_without_an_output_schema_is_held_to_the_kind_of_json_its_l
     finally:
         policy.copy_rules = None
     assert all(p.text.lstrip().startswith(("[", "Error")) for p in held), [p.text for p in held]
-    assert all(isinstance(p.result, list) for p in held if p.status == "result" and p.code != "UNKNOWN")
+    results = [p.result for p in held if p.status == "result"]  # a list, or nothing parsed yet where it was cut
+    assert results and all(r is None or isinstance(r, list) for r in results), [p.text for p in held]
 
 
 def test_the_approver_reads_what_an_unreadable_rehearsal_wrote_and_how_sure_a_readable_one_was():
