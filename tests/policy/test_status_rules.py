@@ -282,8 +282,16 @@ async def test_rules_learned_from_a_real_servers_log_foresee_its_failures_and_no
     assert len(said) >= 5 and all(c.failed for c in said), [(c.tool, c.failed) for c in said]
     from envace_mcp.policy.copying import learn as learn_copies
 
-    listed = {r.field: r for r in learn_copies(train).get("list_items", [])}  # a listing echoes its category
+    from envace_mcp.policy.logged import learn_kinds
+
+    copies = learn_copies(train)
+    listed = {r.field: r for r in copies.get("list_items", [])}  # a listing echoes its category
     assert listed["items[].category"].source == "argument" and listed["items[].category"].held >= 0.95
+    reserved = {r.field: r for r in copies["reserve"]}  # the price of the item its sku names, as the run read it
+    assert (reserved["unit_price"].source, reserved["unit_price"].name) == ("state", "sku")
+    shipped = {r.field: r for r in copies["ship"]}  # a shipment's status, whatever the call
+    assert (shipped["status"].source, shipped["status"].name) == ("constant", '"shipped"')
+    assert learn_kinds(train)["list_items"] == "object"
 
 
 def test_a_number_the_log_showed_for_what_a_call_names_is_a_fact_learned_leave_one_run_out(tmp_path):
