@@ -270,8 +270,8 @@ async def test_rules_learned_from_a_real_servers_log_foresee_its_failures_and_no
     async with Toolbox({"inventory": build_server(0)}) as toolbox:
         traces, _ = read_log(log, toolbox.catalog)
     calls, _ = observed_calls(traces)
-    runs = sorted({c.episode for c in calls})
-    train = [c for c in calls if c.episode in set(runs[: len(runs) // 2])]
+    runs = list(dict.fromkeys(c.episode for c in calls))  # in log order: run ids are random, and a split by them
+    train = [c for c in calls if c.episode in set(runs[: len(runs) // 2])]  # gave 2 in 30 a chance rule (support 3)
     held = [c for c in calls if c.episode not in set(runs[: len(runs) // 2])]
     learned = learn(train)
     rules, known = learned.rules, learned.known

@@ -227,9 +227,10 @@ def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_lo
     trained = [c for c in calls if c.episode in set(setup["trained_runs"])]
     rules = read_rules(out)
     assert rules is not None and {t: r for t, (_, r) in rules.tools.items()} == learn(trained)  # (14 calls: few)
-    stable, lookups = learn_replies(trained)
+    stable, lookups, kinds = learn_replies(trained)
     assert {t: found for t, (_, found) in rules.stable.items()} == stable
     assert {t: found for t, (_, found) in rules.lookups.items()} == lookups
+    assert {t: kind for t, (_, kind) in rules.kinds.items()} == kinds  # (none here: 5 replies of a tool needed)
     assert report["copy_rules"] == rules.summary() and ("copied by rule" in printed) == bool(rules.summary())
     assert all(server == "bank" and behaviour for (server, behaviour), _ in rules.tools.values())
     ruled = {t: {r.field for r in found} for t, (_, found) in rules.tools.items()}
