@@ -144,7 +144,7 @@ class ReplyConstraint:
         allowed = error + shaped
         if not allowed:  # nothing likely opens a reply: scan the vocabulary once for anything that does
             allowed = [t for t in torch.isfinite(logits).nonzero().flatten().tolist()
-                       if self._side(t) == "error" or (self._side(t) == "result" and self._shaped(t))]
+                       if (side := self._side(t)) == "error" or (side == "result" and self._shaped(t))]
         _keep(logits, allowed)
 
     def _shaped(self, token: int) -> bool:
