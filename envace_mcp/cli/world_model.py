@@ -232,6 +232,9 @@ def show(result: dict[str, Any], title: str) -> None:
                       "a whole reply equal to the logged reply to the same arguments, or fields equal to the logged "
                       "ones for the same value of an argument, in ≥ 95 % of the training replies or repeats "
                       "(report.json: copy_rules)")
+    if result.get("reply_kinds"):
+        console.print(f"held to the kind of JSON its log showed (no outputSchema declared): {len(result['reply_kinds'])} "
+                      "tools (report.json: reply_kinds)")
     decided = result.get("status_rules")
     if decided:
         by_rule = overall.get("by_rule") or {}

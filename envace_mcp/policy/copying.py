@@ -212,13 +212,19 @@ class RuleTable(BoundRules):
     kinds: dict[str, tuple[Identity, str]] = field(default_factory=dict)
     """Each tool's kind of JSON reply, "object" or "array", where its log showed one (`logged.learn_kinds`)."""
 
+    def kind_summary(self) -> dict[str, str]:
+        """Each tool's kind of reply in words, as a report states it: a hold on its rehearsals, not a rule
+        that sets a field."""
+        return {tool: f"a JSON {kind}, as {MIN_HELD:.0%} or more of its logged successes were"
+                for tool, (_, kind) in sorted(self.kinds.items())}
+
     def reply_kind(self, spec: ToolSpec | None) -> str | None:
         """The kind of JSON ("object" or "array") a rehearsal of `spec`'s tool is held to where it declares no
         `outputSchema`: the kind its logged replies were; None where the log showed none."""
         return bound(self.kinds, spec)
 
     def summary(self) -> dict[str, list[str]]:
-        """Each tool's rules in words, as a report states them."""
+        """Each tool's rules in words, as a report states them (the kinds apart: `kind_summary`)."""
         source = {"argument": "argument {}", "earlier": "latest earlier {}", "state": "that of what {} names, as shown",
                   "constant": "{} whatever the call"}
         words = {tool: [f"{r.field} = {source[r.source].format(r.name)} (held in {r.held:.0%} of {r.support})"
@@ -230,8 +236,6 @@ class RuleTable(BoundRules):
                                                  f"{len(found.replies)} kept)")
         for tool, (_, lookups) in self.lookups.items():
             words.setdefault(tool, [])[:0] = [lookup.words() for lookup in lookups]
-        for tool, (_, kind) in self.kinds.items():
-            words.setdefault(tool, []).insert(0, f"a JSON {kind}, as every logged reply was")
         return dict(sorted(words.items()))
 
     def apply(self, prediction: Prediction, request: RehearseRequest) -> Prediction:

@@ -19,6 +19,12 @@ class Violation(Exception):
     """The text so far cannot be the start of a call the schema accepts."""
 
 
+def openings(schema: Any) -> str | None:
+    """The characters a JSON value valid against `schema` may open with (None: any)."""
+    kinds = _kinds(schema)
+    return None if kinds is None else "".join(_FIRST.get(k, "") for k in kinds)
+
+
 def _kinds(schema: Any) -> set[str] | None:
     """The JSON kinds a value of `schema` may be (None: any)."""
     if not isinstance(schema, dict):
@@ -239,13 +245,10 @@ class CallScanner:
 
     def start_value(self, state: ScanState, frame: Frame, c: str) -> None:
         schema = self.value_schema(state, frame)
-        kinds = _kinds(schema) if schema is not None else None
-        if frame.role == "call" and frame.key == "name":
-            kinds = {"string"}
-        if kinds is not None:
-            firsts = "".join(_FIRST.get(k, "") for k in kinds)
-            if c not in firsts:
-                raise Violation(f"a value of kind {sorted(kinds)} cannot start with {c!r}")
+        kinds = {"string"} if frame.role == "call" and frame.key == "name" else (
+            _kinds(schema) if schema is not None else None)
+        if kinds is not None and c not in "".join(_FIRST.get(k, "") for k in kinds):
+            raise Violation(f"a value of kind {sorted(kinds)} cannot start with {c!r}")
         if frame.kind == "array":
             frame.keys.append("")  # counts items, so ']' after a ',' is refused
         if c == '"':

@@ -92,12 +92,13 @@ def learn_replies(calls: Iterable[Any]) -> tuple[dict[str, Stable], dict[str, li
 
 
 def learn_kinds(calls: Iterable[Any]) -> dict[str, str]:
-    """Each tool whose successful replies were JSON of one kind, `"object"` or `"array"`, in `MIN_HELD` of at
-    least `MIN_SUPPORT`: the kind its rehearsals are held to where it declares no `outputSchema` (the fitted
-    SmolLM2 answered τ²-airline's flight search, a list in every logged reply, with a reservation object)."""
+    """Each tool that declares no `outputSchema` and whose successful replies were JSON of one kind, `"object"`
+    or `"array"`, in `MIN_HELD` of at least `MIN_SUPPORT`: the kind its rehearsals are held to (the fitted
+    SmolLM2 answered τ²-airline's flight search, a list in every logged reply, with a reservation object). A
+    tool with an `outputSchema` is held to that schema instead, so its kind is not learned."""
     seen: dict[str, Counter[str]] = defaultdict(Counter)
     for call in calls:
-        if not call.failed:
+        if not call.failed and getattr(getattr(call, "spec", None), "output_schema", None) is None:
             reply = parsed_json(call.value)
             seen[call.tool]["object" if isinstance(reply, dict) else "array" if isinstance(reply, list) else ""] += 1
     out = {}

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from envace_mcp.policy.constrained import TokenText
-from envace_mcp.policy.json_prefix import _FIRST, CallScanner, ScanState, Violation, _kinds
+from envace_mcp.policy.json_prefix import CallScanner, ScanState, Violation, openings
 
 ERROR_OPENING = "Error"
 """How an MCP server's failure reads in its tool message (`Error executing tool <name>: …`)."""
@@ -63,9 +63,8 @@ class ReplyConstraint:
         declared = self.schema.get("type") if self.schema else None
         self.wants_object = declared == "object" or (declared is None and self.schema is not None
                                                      and "properties" in self.schema)
-        kinds = _kinds(self.schema) if self.schema is not None and not self.wants_object else None
-        self.firsts = "{" if self.wants_object else "".join(_FIRST.get(k, "") for k in kinds) if kinds else (
-            _JSON_START if self.schema is not None else "{[")
+        opens = openings(self.schema) if self.schema is not None and not self.wants_object else None
+        self.firsts = "{" if self.wants_object else opens or (_JSON_START if self.schema is not None else "{[")
         """The characters a JSON reply may open with: its schema's kinds (no schema: an object or a list)."""
         self.shape = {"object": "{", "array": "["}.get(kind or "") if self.schema is None else None
         """Where the tool declares no schema, the opening its logged replies had (`kind`: "object" or "array");

@@ -155,6 +155,7 @@ def measure(policy: Any, calls: list[Observed], *, label: str = "world model",
         scored = anyio.run(score_calls, policy, calls, sampling, progress.advance)
     rules, status = getattr(policy, "copy_rules", None), getattr(policy, "status_rules", None)
     return {**report(scored, majority), "copy_rules": rules.summary() if rules is not None else {},
+            "reply_kinds": rules.kind_summary() if rules is not None else {},
             "status_rules": status.summary() if status is not None else None}
 
 

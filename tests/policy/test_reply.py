@@ -160,19 +160,22 @@ async def test_a_tool_without_an_output_schema_is_held_to_the_kind_of_json_its_l
     from envace_mcp.policy.logged import MIN_SUPPORT, learn_kinds
     from envace_mcp.toolbox.catalog import ToolSpec
 
-    def call(tool, value, failed=False):
-        return SimpleNamespace(tool=tool, value=value, failed=failed)
+    def call(tool, value, failed=False, output_schema=None):
+        return SimpleNamespace(tool=tool, value=value, failed=failed,
+                               spec=SimpleNamespace(output_schema=output_schema))
 
     flights = [call("search", f'[{{"flight": "HAT{i}"}}]') for i in range(MIN_SUPPORT)]
     assert learn_kinds(flights + [call("search", "Error: no such airport", failed=True)]) == {"search": "array"}
     assert learn_kinds(flights[:-1]) == {}  # too few to say
     assert learn_kinds(flights + [call("search", "{}")]) == {}  # 5 of 6 lists: not nearly every reply
+    declared = [call("search", f'[{{"flight": "HAT{i}"}}]', output_schema={"type": "object"}) for i in range(6)]
+    assert learn_kinds(declared) == {}  # a tool with an outputSchema is held to it, not to a learned kind
     spec = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "airline",
                                "input_schema": {"type": "object"}})
     write_rules(tmp_path, {}, {"search": (spec.server, spec.behaviour)}, kinds=learn_kinds(flights))
     table = read_rules(tmp_path)
-    assert table.reply_kind(spec) == "array" and table.summary()["search"] == [
-        "a JSON array, as every logged reply was"]
+    assert table.reply_kind(spec) == "array" and table.summary() == {}  # a hold, not a rule that sets a field
+    assert table.kind_summary() == {"search": "a JSON array, as 95% or more of its logged successes were"}
     other = ToolSpec.from_dict({"name": "search", "description": "flights", "server": "another",
                                 "input_schema": {"type": "object"}})
     assert table.reply_kind(other) is None  # bound to the tool it was learned on

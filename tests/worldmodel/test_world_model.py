@@ -232,6 +232,7 @@ def test_a_fit_writes_the_copy_and_status_rules_of_its_training_calls_and_the_lo
     assert {t: found for t, (_, found) in rules.lookups.items()} == lookups
     assert {t: kind for t, (_, kind) in rules.kinds.items()} == kinds  # (none here: 5 replies of a tool needed)
     assert report["copy_rules"] == rules.summary() and ("copied by rule" in printed) == bool(rules.summary())
+    assert report["reply_kinds"] == rules.kind_summary()
     assert all(server == "bank" and behaviour for (server, behaviour), _ in rules.tools.values())
     ruled = {t: {r.field for r in found} for t, (_, found) in rules.tools.items()}
     for t, (_, found) in rules.stable.items():  # a logged reply is copied whole
