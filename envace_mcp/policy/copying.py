@@ -213,8 +213,7 @@ class RuleTable(BoundRules):
     """Each tool's kind of JSON reply, "object" or "array", where its log showed one (`logged.learn_kinds`)."""
 
     def kind_summary(self) -> dict[str, str]:
-        """Each tool's kind of reply in words, as a report states it: a hold on its rehearsals, not a rule
-        that sets a field."""
+        """Each tool's kind of reply in words, as a report states it (a hold, not a rule that sets a field)."""
         return {tool: f"a JSON {kind}, as {MIN_HELD:.0%} or more of its logged successes were"
                 for tool, (_, kind) in sorted(self.kinds.items())}
 
