@@ -131,8 +131,12 @@ def call_digest(call: Observed) -> str:
 
 def split_episodes(calls: list[Observed], holdout: float, seed: int) -> tuple[list[str], list[str]]:
     """(training episodes, held-out episodes): the runs in a seeded order, the last `holdout` share held
-    out (at least one run each side when there are two or more)."""
-    episodes = sorted({c.episode for c in calls})
+    out (at least one run each side when there are two or more). The order starts from what each run's
+    calls were (`call_digest`), not from its id, so a log imported twice, with new run ids, splits alike."""
+    content: dict[str, list[str]] = {}
+    for call in calls:
+        content.setdefault(call.episode, []).append(call_digest(call))
+    episodes = sorted(content, key=lambda e: (hashlib.sha256("".join(content[e]).encode()).hexdigest(), e))
     random.Random(seed).shuffle(episodes)
     held = round(len(episodes) * holdout)
     if len(episodes) >= 2:

@@ -65,6 +65,17 @@ def test_only_calls_the_server_answered_become_examples_each_seeing_the_replies_
     assert last.earlier == [{"balance": 10}] and last.request.examples[0].tool == "get_balance"
 
 
+def test_a_log_imported_twice_under_new_run_ids_splits_alike(bank_calls):
+    """`traces import` gives each run a fresh id, so a split by id held out other calls each time the same
+    log was imported (booking: 180 held-out calls one time, 166 the next), and no figure could be re-run."""
+    runs = list(TraceStore(bank_calls).read())
+    renamed = {r.run_id: f"again-{i}" for i, r in enumerate(runs)}
+    again = [r.model_copy(update={"run_id": renamed[r.run_id]}) for r in reversed(runs)]
+    train, held = split_episodes(observed_calls(runs)[0], 0.25, seed=3)
+    assert len(held) == 3 and split_episodes(observed_calls(again)[0], 0.25, seed=3) == (
+        [renamed[e] for e in train], [renamed[e] for e in held])
+
+
 def test_the_split_is_by_run_seeded_and_keeps_a_replayed_call_with_the_run_it_came_from(bank_calls):
     runs = list(TraceStore(bank_calls).read())
     variant = runs[0].model_copy(update={"run_id": "variant", "metadata": {"mutated_from": runs[0].run_id}})
