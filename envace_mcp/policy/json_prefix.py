@@ -22,7 +22,11 @@ class Violation(Exception):
 def openings(schema: Any) -> str | None:
     """The characters a JSON value valid against `schema` may open with (None: any)."""
     kinds = _kinds(schema)
-    return None if kinds is None else "".join(_FIRST.get(k, "") for k in kinds)
+    return None if kinds is None else _opening(kinds)
+
+
+def _opening(kinds: set[str]) -> str:
+    return "".join(_FIRST.get(k, "") for k in kinds)
 
 
 def _kinds(schema: Any) -> set[str] | None:
@@ -247,7 +251,7 @@ class CallScanner:
         schema = self.value_schema(state, frame)
         kinds = {"string"} if frame.role == "call" and frame.key == "name" else (
             _kinds(schema) if schema is not None else None)
-        if kinds is not None and c not in "".join(_FIRST.get(k, "") for k in kinds):
+        if kinds is not None and c not in _opening(kinds):
             raise Violation(f"a value of kind {sorted(kinds)} cannot start with {c!r}")
         if frame.kind == "array":
             frame.keys.append("")  # counts items, so ']' after a ',' is refused

@@ -98,7 +98,7 @@ def learn_kinds(calls: Iterable[Any]) -> dict[str, str]:
     tool with an `outputSchema` is held to that schema instead, so its kind is not learned."""
     seen: dict[str, Counter[str]] = defaultdict(Counter)
     for call in calls:
-        if not call.failed and getattr(getattr(call, "spec", None), "output_schema", None) is None:
+        if not call.failed and call.spec.output_schema is None:
             reply = parsed_json(call.value)
             seen[call.tool]["object" if isinstance(reply, dict) else "array" if isinstance(reply, list) else ""] += 1
     out = {}

@@ -20,6 +20,7 @@ SPEC = ToolSpec.from_dict({"name": "reserve", "description": "hold units", "serv
 
 def observed(tool, arguments, value, earlier=(), failed=False, history=()):
     return SimpleNamespace(tool=tool, failed=failed, value=value, earlier=list(earlier),
+                           spec=SimpleNamespace(output_schema=None),
                            request=SimpleNamespace(call=SimpleNamespace(arguments=arguments), history=list(history)))
 
 
